@@ -1,0 +1,137 @@
+"""LoGiC progressive cover (DESIGN §4; the paper's Algorithm 1), batched as a wavefront.
+
+For each successful trajectory with turns 0..T-1:
+  1. s_j = ℓ(a_j | h_j) for every turn j, on the trajectory as it stands.
+  2. For t = 1 .. T-1: the candidate is the current trajectory with reasoning_t removed. Score
+     ℓ̃_j for j >= t and d_j = s_j - ℓ̃_j. Accept iff d_j <= ε for every j >= t; an accepted
+     candidate becomes the current trajectory and s_j <- ℓ̃_j for j >= t, so accepted removals
+     shape the context of every later candidate. Turn 0 is never removed; a turn whose reasoning
+     is already empty is skipped (logged, not scored).
+
+Candidates of one trajectory are sequential; across trajectories they are independent, so round t
+scores candidate t of every trajectory in one batched call. With `early_reject`, a round first
+scores only the action right after the removed reasoning and scores the later actions only for
+candidates that passed: the decisions are the same (a candidate failing at j = t fails anyway), the
+audit of an early-rejected candidate then holds only d_t.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from race_core.schema import Trajectory
+from race_core.scoring import Scorer, ScoreRequest
+
+DEFAULT_EPSILON = 1e-3
+
+# A plain scorer: trajectories -> for each, one action mean log-prob per turn.
+PlainScorer = Callable[[list[Trajectory]], list[list[float]]]
+Progress = Callable[[int, int, int], None]  # (round t, candidates scored this round, rounds total)
+
+
+@dataclass
+class CoverResult:
+    """The compressed trajectory, the turns whose reasoning was removed, and one audit entry per
+    candidate turn: {turn, accepted, drops (d_j for j >= turn), max_drop, skipped_empty}."""
+
+    trajectory: Trajectory
+    skipped_turns: tuple[int, ...]
+    audit: list[dict[str, Any]]
+    original: Trajectory
+    final_scores: list[float] = field(default_factory=list)
+
+
+class _PlainAdapter:
+    """Lets a plain callable serve as a Scorer: it scores whole trajectories, we slice."""
+
+    name = "plain"
+
+    def __init__(self, fn: PlainScorer):
+        self.fn = fn
+
+    def score(self, requests: Sequence[ScoreRequest]) -> list[list[float]]:
+        scores = self.fn([r.trajectory for r in requests])
+        return [list(s[r.from_turn: r.last_turn + 1]) for r, s in zip(requests, scores, strict=True)]
+
+    def release(self, keys=None) -> None:
+        return None
+
+
+def as_scorer(scorer: Scorer | PlainScorer) -> Scorer:
+    return scorer if hasattr(scorer, "score") else _PlainAdapter(scorer)
+
+
+def logic_cover(
+    trajectories: Sequence[Trajectory],
+    scorer: Scorer | PlainScorer,
+    epsilon: float = DEFAULT_EPSILON,
+    *,
+    early_reject: bool = False,
+    progress: Progress | None = None,
+) -> list[CoverResult]:
+    """Run the LoGiC cover over all trajectories as a wavefront; one result per input, in order."""
+    scorer = as_scorer(scorer)
+    n = len(trajectories)
+    current = list(trajectories)
+    audits: list[list[dict[str, Any]]] = [[] for _ in range(n)]
+    skipped: list[list[int]] = [[] for _ in range(n)]
+    try:
+        scores = scorer.score([ScoreRequest(i, t) for i, t in enumerate(current)])
+        rounds = max((len(t.turns) for t in current), default=0)
+        for t in range(1, rounds):
+            candidates: dict[int, Trajectory] = {}
+            for i in range(n):
+                if t >= len(current[i].turns):
+                    continue
+                if not current[i].turns[t].reasoning:
+                    audits[i].append(_audit(t, accepted=False, drops=[], skipped_empty=True))
+                    continue
+                candidates[i] = current[i].without_reasoning(t)
+            drops = _candidate_drops(scorer, candidates, scores, t, epsilon, early_reject)
+            for i, (d, new_scores) in drops.items():
+                accepted = len(new_scores) == len(current[i].turns) - t and max(d) <= epsilon
+                audits[i].append(_audit(t, accepted=accepted, drops=d))
+                if accepted:
+                    current[i] = candidates[i]
+                    scores[i][t:] = new_scores
+                    skipped[i].append(t)
+            if progress is not None:
+                progress(t, len(candidates), rounds - 1)
+    finally:
+        scorer.release([i for i in range(n)])
+    return [CoverResult(trajectory=current[i], skipped_turns=tuple(skipped[i]), audit=audits[i],
+                        original=trajectories[i], final_scores=list(scores[i])) for i in range(n)]
+
+
+def _candidate_drops(scorer: Scorer, candidates: dict[int, Trajectory], scores: list[list[float]],
+                     t: int, epsilon: float, early_reject: bool) -> dict[int, tuple[list[float], list[float]]]:
+    """For each candidate: (d_j for the turns scored, ℓ̃_j for those turns) starting at turn t."""
+    keys = list(candidates)
+    if not early_reject:
+        new = scorer.score([ScoreRequest(i, candidates[i], from_turn=t) for i in keys])
+        return {i: (_drops(scores[i][t:], s), s) for i, s in zip(keys, new, strict=True)}
+    first = scorer.score([ScoreRequest(i, candidates[i], from_turn=t, to_turn=t) for i in keys])
+    out = {i: (_drops(scores[i][t:t + 1], s), s) for i, s in zip(keys, first, strict=True)}
+    rest = [i for i in keys if out[i][0][0] <= epsilon and len(candidates[i].turns) > t + 1]
+    later = scorer.score([ScoreRequest(i, candidates[i], from_turn=t + 1) for i in rest])
+    for i, s in zip(rest, later, strict=True):
+        full = out[i][1] + s
+        out[i] = (_drops(scores[i][t:], full), full)
+    return out
+
+
+def _drops(before: Sequence[float], after: Sequence[float]) -> list[float]:
+    return [float(b) - float(a) for b, a in zip(before, after, strict=False)]
+
+
+def _audit(turn: int, *, accepted: bool, drops: list[float], skipped_empty: bool = False) -> dict[str, Any]:
+    return {"turn": turn, "accepted": accepted, "drops": drops,
+            "max_drop": max(drops) if drops else None, "skipped_empty": skipped_empty}
+
+
+def one_at_a_time(trajectories: Sequence[Trajectory], scorer: Scorer | PlainScorer,
+                  epsilon: float = DEFAULT_EPSILON, **options) -> list[CoverResult]:
+    """The plain reference algorithm: each trajectory on its own, candidates in order."""
+    return [logic_cover([t], scorer, epsilon, **options)[0] for t in trajectories]

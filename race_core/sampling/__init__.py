@@ -1,0 +1,52 @@
+"""On-policy sampling: token-id prompts in, sampled continuations with their log-probs out.
+
+A Sampler continues each prompt (token ids ending right before the assistant's `<think>`) until
+the end of the assistant turn, and returns the sampled token ids with their log-probabilities
+under the sampling policy (the RL "old" log-probs). Samplers never see reference actions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 96
+    n: int = 1  # samples per prompt
+    seed: int = 0
+    greedy: bool = False
+
+
+@dataclass(frozen=True)
+class Sample:
+    token_ids: tuple[int, ...]  # the sampled tokens, the stop token included when one was hit
+    logprobs: tuple[float, ...]  # log p(token) under the sampling policy (temperature 1, no top-p)
+    text: str  # decoded token_ids
+    finish_reason: str  # "stop" (end of the assistant turn) or "length"
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    name: str
+
+    def sample(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Sample]]:
+        """For each prompt, `params.n` samples."""
+        ...
+
+
+def make_sampler(backend: str, checkpoint: str, **options) -> Sampler:
+    """Build a sampler by backend name ('hf' or 'vllm') over a local checkpoint folder."""
+    if backend == "hf":
+        from race_core.sampling.hf import HFSampler
+
+        return HFSampler.from_pretrained(checkpoint, **options)
+    if backend == "vllm":
+        from race_core.sampling.vllm import VLLMSampler
+
+        return VLLMSampler.from_pretrained(checkpoint, **options)
+    raise ValueError(f"unknown sampling backend {backend!r}: expected 'hf' or 'vllm'")

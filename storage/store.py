@@ -1,0 +1,405 @@
+"""Content-addressed artifact store over any fsspec filesystem (DESIGN §7).
+
+Layout under the root (a local folder or an fsspec URL such as `memory://x`, `s3://bucket/prefix`):
+
+    objects/<aa>/<sha256>        immutable bytes, named by their sha256 (aa = first two hex chars)
+    stages/<stage>/<key>.json    manifests: the commit point of a stage, written last
+    catalog/...                  catalog entries (storage.catalog), JSON records like manifests
+
+Manifest convention: a manifest references objects through its `objects` key, a dict
+name -> digest (a value may also be a list of digests). `gc` keeps exactly the objects reachable
+from those references in every JSON record under `stages/` and `catalog/`, following tree objects.
+
+A tree object stores a folder: canonical JSON `{"_tree": "race.tree/v1", "files": {relpath: digest}}`
+(paths in POSIX form). Its digest is the folder's digest.
+
+Atomicity. Local root: every file is written to a temporary name in the same directory, flushed,
+fsynced, then `os.replace`d to its final name, so no partially written file is ever visible under
+a final name. Other filesystems: bytes are written with one whole-object `pipe_file` (and files with
+`put_file`, multipart for large files on S3); object stores make an object visible only once its
+upload completes, so the same holds there. (A non-object remote filesystem without atomic uploads,
+e.g. SFTP, does not get this guarantee.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+from race_core.schema import canonical_json
+
+CHUNK = 1 << 20
+TREE_FORMAT = "race.tree/v1"
+_TREE_PREFIX = b'{"_tree":'
+_DIGEST = re.compile(r"^[0-9a-f]{64}$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+REFERENCE_ROOTS = ("stages", "catalog")
+
+
+class CorruptObjectError(IOError):
+    """An object whose bytes no longer hash to its name."""
+
+    def __init__(self, digest: str, actual: str):
+        super().__init__(
+            f"object {digest} is corrupt (its bytes hash to {actual}); rerun the stage that "
+            f"produced it, or put the same content again, to repair it"
+        )
+        self.digest = digest
+        self.actual = actual
+
+
+class MissingObjectError(FileNotFoundError):
+    """A digest that the store does not hold."""
+
+    def __init__(self, digest: str):
+        super().__init__(f"object {digest} is not in the store; rerun the stage that produces it")
+        self.digest = digest
+
+
+def sha256_bytes(data: bytes) -> str:
+    """Hex sha256 of `data`."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    """Hex sha256 of a local file, read in chunks (memory stays flat)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(CHUNK), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def code_version() -> str:
+    """The installed race-pipeline version (recorded in manifests), or "unknown"."""
+    try:
+        from importlib.metadata import version
+
+        return version("race-pipeline")
+    except Exception:
+        return "unknown"
+
+
+def check_digest(digest: str) -> str:
+    """Return `digest` if it is a sha256 hex string, else raise ValueError."""
+    if not isinstance(digest, str) or not _DIGEST.match(digest):
+        raise ValueError(f"not a sha256 hex digest: {digest!r}")
+    return digest
+
+
+def _check_name(kind: str, name: str) -> str:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(f"bad {kind} name {name!r}: use letters, digits, '_', '-', '.'")
+    return name
+
+
+class ArtifactStore:
+    """Content-addressed objects plus stage manifests under one root (local path or fsspec URL)."""
+
+    def __init__(self, root: str | os.PathLike[str], storage_options: dict[str, Any] | None = None):
+        self.url = str(root)
+        self.fs, path = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
+        self.local = isinstance(self.fs, LocalFileSystem)
+        self.root = (os.path.abspath(path) if self.local else path).rstrip("/")
+        if self.local:
+            os.makedirs(self.root, exist_ok=True)
+
+    def __repr__(self) -> str:
+        return f"ArtifactStore({self.url!r})"
+
+    # -- paths --------------------------------------------------------------------------------
+    def _path(self, *parts: str) -> str:
+        return "/".join([self.root, *parts])
+
+    def object_path(self, digest: str) -> str:
+        """Where the object lives in the store's filesystem (for diagnostics and tests)."""
+        check_digest(digest)
+        return self._path("objects", digest[:2], digest)
+
+    def manifest_path(self, stage: str, key: str) -> str:
+        """Where the manifest of (stage, key) lives."""
+        return self._path("stages", _check_name("stage", stage), _check_name("key", key) + ".json")
+
+    # -- low-level atomic writes ---------------------------------------------------------------
+    def _write_bytes_atomic(self, path: str, data: bytes) -> None:
+        if self.local:
+            directory = os.path.dirname(path)
+            os.makedirs(directory, exist_ok=True)
+            tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}-{os.path.basename(path)}")
+            try:
+                with open(tmp, "wb") as fh:
+                    fh.write(data)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                os.replace(tmp, path)
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+        else:
+            self.fs.pipe_file(path, data)  # one whole-object PUT: atomic on object stores
+            self.fs.invalidate_cache(path)
+
+    def _write_file_atomic(self, path: str, source: str | os.PathLike[str]) -> None:
+        if self.local:
+            directory = os.path.dirname(path)
+            os.makedirs(directory, exist_ok=True)
+            tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}-{os.path.basename(path)}")
+            try:
+                with open(source, "rb") as src, open(tmp, "wb") as dst:
+                    shutil.copyfileobj(src, dst, CHUNK)
+                    dst.flush()
+                    os.fsync(dst.fileno())
+                os.replace(tmp, path)
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+        else:
+            self.fs.put_file(str(source), path)  # multipart on S3: visible only when complete
+            self.fs.invalidate_cache(path)
+
+    def _exists(self, path: str) -> bool:
+        if self.local:
+            return os.path.exists(path)
+        self.fs.invalidate_cache(path)
+        return self.fs.exists(path)
+
+    # -- objects ------------------------------------------------------------------------------
+    def has_object(self, digest: str) -> bool:
+        """True if an object named `digest` exists (not verified; see `verify_object`)."""
+        return self._exists(self.object_path(digest))
+
+    def _hash_stored(self, digest: str) -> str:
+        h = hashlib.sha256()
+        with self.fs.open(self.object_path(digest), "rb") as fh:
+            for chunk in iter(lambda: fh.read(CHUNK), b""):
+                h.update(chunk)
+        return h.hexdigest()
+
+    def verify_object(self, digest: str) -> bool:
+        """True if the object exists and its bytes hash to its name."""
+        return self.has_object(digest) and self._hash_stored(digest) == digest
+
+    def put_bytes(self, data: bytes) -> str:
+        """Store `data`; return its sha256. An existing good copy is kept; a corrupt one is replaced."""
+        digest = sha256_bytes(data)
+        if not self.verify_object(digest):
+            self._write_bytes_atomic(self.object_path(digest), bytes(data))
+        return digest
+
+    def put_file(self, path: str | os.PathLike[str]) -> str:
+        """Store a local file (streamed, memory stays flat); return its sha256."""
+        digest = sha256_file(path)
+        if not self.verify_object(digest):
+            self._write_file_atomic(self.object_path(digest), path)
+        return digest
+
+    def put_json(self, obj: Any) -> str:
+        """Store the canonical JSON of `obj` as an object; return its digest."""
+        return self.put_bytes(canonical_json(obj).encode("utf-8"))
+
+    def get_bytes(self, digest: str) -> bytes:
+        """The object's bytes, verified; `CorruptObjectError` names the digest on mismatch."""
+        path = self.object_path(digest)
+        if not self._exists(path):
+            raise MissingObjectError(digest)
+        data = self.fs.cat_file(path)
+        actual = sha256_bytes(data)
+        if actual != digest:
+            raise CorruptObjectError(digest, actual)
+        return data
+
+    def get_json(self, digest: str) -> Any:
+        """The object parsed as JSON (verified)."""
+        return json.loads(self.get_bytes(digest).decode("utf-8"))
+
+    def get_file(self, digest: str, dest: str | os.PathLike[str]) -> Path:
+        """Copy the object to local `dest`, streamed and verified; `dest` appears only if it verifies."""
+        path = self.object_path(digest)
+        if not self._exists(path):
+            raise MissingObjectError(digest)
+        dest = Path(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".tmp-{uuid.uuid4().hex}-{dest.name}")
+        h = hashlib.sha256()
+        try:
+            with self.fs.open(path, "rb") as src, open(tmp, "wb") as dst:
+                for chunk in iter(lambda: src.read(CHUNK), b""):
+                    h.update(chunk)
+                    dst.write(chunk)
+                dst.flush()
+                os.fsync(dst.fileno())
+            if h.hexdigest() != digest:
+                raise CorruptObjectError(digest, h.hexdigest())
+            os.replace(tmp, dest)
+        finally:
+            if tmp.exists():
+                tmp.unlink()
+        return dest
+
+    def iter_objects(self) -> Iterator[str]:
+        """Every object digest in the store (temporary files are never listed)."""
+        base = self._path("objects")
+        if not self._exists(base):
+            return
+        for path in self.fs.find(base):
+            name = path.rstrip("/").rsplit("/", 1)[-1]
+            if _DIGEST.match(name):
+                yield name
+
+    # -- folders (trees) -----------------------------------------------------------------------
+    def put_folder(self, folder: str | os.PathLike[str]) -> str:
+        """Store every file of a local folder plus a tree object; return the tree's digest."""
+        folder = Path(folder)
+        if not folder.is_dir():
+            raise NotADirectoryError(f"not a folder: {folder}")
+        files: dict[str, str] = {}
+        for path in sorted(folder.rglob("*")):
+            if path.is_symlink():
+                raise ValueError(f"symlinks are not stored: {path}")
+            if path.is_file():
+                files[path.relative_to(folder).as_posix()] = self.put_file(path)
+        return self.put_json({"_tree": TREE_FORMAT, "files": files})
+
+    def read_tree(self, digest: str) -> dict[str, str]:
+        """The relative path -> digest listing of a tree object."""
+        tree = self.get_json(digest)
+        if not isinstance(tree, dict) or tree.get("_tree") != TREE_FORMAT:
+            raise ValueError(f"object {digest} is not a folder tree")
+        return dict(tree["files"])
+
+    def restore_folder(self, digest: str, dest: str | os.PathLike[str]) -> Path:
+        """Materialize a tree under local `dest`. Idempotent: files that already verify are kept."""
+        dest = Path(dest)
+        dest.mkdir(parents=True, exist_ok=True)
+        for rel, file_digest in self.read_tree(digest).items():
+            target = dest / rel
+            if rel.startswith("/") or ".." in Path(rel).parts:
+                raise ValueError(f"tree {digest} holds an unsafe path {rel!r}")
+            if target.is_file() and sha256_file(target) == file_digest:
+                continue
+            self.get_file(file_digest, target)
+        return dest
+
+    # -- records (manifests, catalog entries) --------------------------------------------------
+    def write_record(self, relative_path: str, record: dict[str, Any], *, overwrite: bool = True) -> str:
+        """Write a JSON record atomically at `root/relative_path`; return its full path.
+
+        With `overwrite=False` an existing record is an error (catalog entries are append-only).
+        """
+        path = self._path(*relative_path.strip("/").split("/"))
+        if not overwrite and self._exists(path):
+            raise FileExistsError(f"record already exists: {path}")
+        data = json.dumps(record, sort_keys=True, indent=1, ensure_ascii=False).encode("utf-8")
+        self._write_bytes_atomic(path, data)
+        return path
+
+    def read_record(self, relative_path: str) -> dict[str, Any] | None:
+        """A JSON record, or None if there is none."""
+        path = self._path(*relative_path.strip("/").split("/"))
+        if not self._exists(path):
+            return None
+        return json.loads(self.fs.cat_file(path).decode("utf-8"))
+
+    def list_records(self, relative_dir: str) -> list[str]:
+        """Names (not paths) of the JSON records directly under `relative_dir`, sorted."""
+        base = self._path(*relative_dir.strip("/").split("/"))
+        if not self._exists(base):
+            return []
+        names = (p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(base, detail=False))
+        return sorted(n for n in names if n.endswith(".json") and not n.startswith(".tmp-"))
+
+    # -- manifests ----------------------------------------------------------------------------
+    def write_manifest(self, stage: str, key: str, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Commit a stage: write its manifest (last, atomically); return what was written.
+
+        Adds `stage`, `key`, `created_at` and `code_version` unless given. Every digest under
+        `objects` must already be in the store: a manifest never points at missing bytes.
+        """
+        record = dict(manifest)
+        record.setdefault("stage", stage)
+        record.setdefault("key", key)
+        record.setdefault("created_at", datetime.now(timezone.utc).isoformat())
+        record.setdefault("code_version", code_version())
+        for digest in _referenced(record):
+            if not self.has_object(digest):
+                raise MissingObjectError(digest)
+        self.write_record(f"stages/{_check_name('stage', stage)}/{_check_name('key', key)}.json", record)
+        return record
+
+    def read_manifest(self, stage: str, key: str) -> dict[str, Any] | None:
+        """The manifest of (stage, key), or None if the stage has not committed."""
+        return self.read_record(f"stages/{_check_name('stage', stage)}/{_check_name('key', key)}.json")
+
+    def has(self, stage: str, key: str) -> bool:
+        """True if (stage, key) has a manifest: the stage is done and is not run again."""
+        return self._exists(self.manifest_path(stage, key))
+
+    def list_stages(self) -> list[str]:
+        """Stage names that have at least one manifest folder."""
+        base = self._path("stages")
+        if not self._exists(base):
+            return []
+        return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(base, detail=False))
+
+    def list_manifests(self, stage: str) -> list[str]:
+        """Keys of the committed manifests of `stage`."""
+        return [n[: -len(".json")] for n in self.list_records(f"stages/{_check_name('stage', stage)}")]
+
+    # -- garbage collection -------------------------------------------------------------------
+    def referenced_objects(self) -> set[str]:
+        """Digests reachable from every record under stages/ and catalog/ (trees followed)."""
+        roots: set[str] = set()
+        for top in REFERENCE_ROOTS:
+            base = self._path(top)
+            if not self._exists(base):
+                continue
+            for path in self.fs.find(base):
+                if path.endswith(".json") and not path.rsplit("/", 1)[-1].startswith(".tmp-"):
+                    roots.update(_referenced(json.loads(self.fs.cat_file(path).decode("utf-8"))))
+        seen: set[str] = set()
+        todo = [d for d in roots if _DIGEST.match(d)]
+        while todo:
+            digest = todo.pop()
+            if digest in seen:
+                continue
+            seen.add(digest)
+            if self._is_tree(digest):
+                todo.extend(self.read_tree(digest).values())
+        return seen
+
+    def _is_tree(self, digest: str) -> bool:
+        if not self.has_object(digest):
+            return False
+        with self.fs.open(self.object_path(digest), "rb") as fh:
+            return fh.read(len(_TREE_PREFIX)) == _TREE_PREFIX
+
+    def gc(self, dry_run: bool = True) -> list[str]:
+        """Digests of objects no record references; deleted unless `dry_run`."""
+        keep = self.referenced_objects()
+        garbage = sorted(d for d in self.iter_objects() if d not in keep)
+        if not dry_run:
+            for digest in garbage:
+                self.fs.rm_file(self.object_path(digest))
+        return garbage
+
+
+def _referenced(record: Any) -> list[str]:
+    """Digests a record references through its `objects` dict (values: digest or list of digests)."""
+    out: list[str] = []
+    objects = record.get("objects") if isinstance(record, dict) else None
+    if isinstance(objects, dict):
+        for value in objects.values():
+            values = value if isinstance(value, list) else [value]
+            out.extend(check_digest(v) for v in values if v is not None)
+    return out
