@@ -28,6 +28,9 @@ BAD_TURN = "bad_turn"
 EMPTY_ACTION = "empty_action"
 FIELD_TOO_LARGE = "field_too_large"
 BAD_ID = "bad_id"
+BAD_TEXT = "bad_text"
+ERROR_CODES = (NOT_JSON, NOT_OBJECT, MISSING_FIELD, EMPTY_FIELD, WRONG_TYPE, BAD_SPLIT, NOT_SUCCESSFUL,
+               BAD_TURNS, EMPTY_TURNS, BAD_TURN, EMPTY_ACTION, FIELD_TOO_LARGE, BAD_ID, BAD_TEXT)
 
 REQUIRED_TEXT_FIELDS = ("question", "environment", "source_revision")
 KNOWN_FIELDS = {*REQUIRED_TEXT_FIELDS, "split", "successful", "turns", "id"}
@@ -86,6 +89,10 @@ class Trajectory:
         """Validate one input record (DESIGN §2); raise `SchemaError` naming the bad field."""
         if not isinstance(d, dict):
             raise SchemaError(NOT_OBJECT, "<record>", f"expected a JSON object, got {type(d).__name__}")
+        try:
+            canonical_json(d).encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate, e.g. the escape "\ud800"
+            raise SchemaError(BAD_TEXT, "<record>", f"text is not valid Unicode: {exc.reason}") from None
         for name in REQUIRED_TEXT_FIELDS:
             if name not in d:
                 raise SchemaError(MISSING_FIELD, name, "is required")
@@ -223,8 +230,19 @@ def iter_jsonl(
             yield Reject(source, number, exc.code, exc.field, exc.message)
         except RecursionError:
             yield Reject(source, number, NOT_JSON, "<line>", "nested too deeply")
-        except UnicodeEncodeError as exc:  # e.g. a lone surrogate escape such as "\ud800"
-            yield Reject(source, number, NOT_JSON, "<line>", f"text is not valid Unicode: {exc.reason}")
+
+
+def iter_jsonl_stream(binary: Iterable[bytes], source: str, limits: Limits = DEFAULT_LIMITS
+                      ) -> Iterator[Trajectory | Reject]:
+    """Like `iter_jsonl` over the lines of a binary file; bytes that are not UTF-8 reject their line."""
+    yield from iter_jsonl(_decoded_lines(binary), source, limits)
+
+
+def _decoded_lines(binary: Iterable[bytes]) -> Iterator[str]:
+    for raw in binary:
+        # Undecodable bytes become lone surrogates, which from_dict rejects as BAD_TEXT (or
+        # json.loads as NOT_JSON), so the reject carries the right line number.
+        yield raw.decode("utf-8", errors="surrogateescape")
 
 
 def read_jsonl(
@@ -235,19 +253,9 @@ def read_jsonl(
     rejects: list[Reject] = []
     for path in paths:
         with open(path, "rb") as fh:
-            for item in iter_jsonl(_safe_lines(fh, str(path), rejects), str(path), limits):
+            for item in iter_jsonl_stream(fh, str(path), limits):
                 if isinstance(item, Reject):
                     rejects.append(item)
                 else:
                     good.setdefault(item.id, item)
     return list(good.values()), rejects
-
-
-def _safe_lines(fh: Iterable[bytes], source: str, rejects: list[Reject]) -> Iterator[str]:
-    """Decoded lines of a binary file; a line that is not UTF-8 becomes a reject (and a blank)."""
-    for number, raw in enumerate(fh, start=1):
-        try:
-            yield raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            rejects.append(Reject(source, number, NOT_JSON, "<line>", f"not valid UTF-8: {exc.reason}"))
-            yield ""

@@ -1,0 +1,67 @@
+"""What the cover decided, as plain rows: one per (trajectory, candidate turn), and one per
+compressed trajectory. Token counts use the same segment tokenization as scoring."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from race_core.cover import CoverResult
+from race_core.render import Renderer
+from race_core.schema import Trajectory
+
+
+@dataclass(frozen=True)
+class CoverContext:
+    """What identifies a cover run: the model, ε and the backend that scored."""
+
+    model_digest: str
+    epsilon: float
+    backend: str
+
+
+def reasoning_tokens(renderer: Renderer, trajectory: Trajectory) -> int:
+    return sum(len(renderer.encode(turn.reasoning)) for turn in trajectory.turns)
+
+
+def decision_rows(results: Iterable[CoverResult], renderer: Renderer, ctx: CoverContext) -> Iterator[dict[str, Any]]:
+    for result in results:
+        turns = result.original.turns
+        for entry in result.audit:
+            t = entry["turn"]
+            yield {
+                "trajectory_id": result.original.id,
+                "turn": t,
+                "accepted": bool(entry["accepted"]),
+                "skipped_empty": bool(entry["skipped_empty"]),
+                "drops": [float(d) for d in entry["drops"]],
+                "max_drop": entry["max_drop"],
+                "reasoning_tokens": len(renderer.encode(turns[t].reasoning)),
+                "action_tokens": len(renderer.encode(turns[t].action)),
+                "epsilon": ctx.epsilon,
+                "model_digest": ctx.model_digest,
+                "backend": ctx.backend,
+            }
+
+
+def compressed_fields(result: CoverResult, renderer: Renderer, ctx: CoverContext) -> dict[str, Any]:
+    """The cover's additions to a compressed trajectory's row."""
+    return {
+        "skipped_turns": list(result.skipped_turns),
+        "reasoning_tokens_before": reasoning_tokens(renderer, result.original),
+        "reasoning_tokens_after": reasoning_tokens(renderer, result.trajectory),
+        "model_digest": ctx.model_digest,
+        "epsilon": ctx.epsilon,
+    }
+
+
+def summarize(results: list[CoverResult], renderer: Renderer) -> dict[str, int]:
+    """Counts for reports: candidates scored, removals, reasoning tokens before/after."""
+    return {
+        "trajectories": len(results),
+        "candidates": sum(1 for r in results for e in r.audit if not e["skipped_empty"]),
+        "removed": sum(len(r.skipped_turns) for r in results),
+        "reasoning_tokens_before": sum(reasoning_tokens(renderer, r.original) for r in results),
+        "reasoning_tokens_after": sum(reasoning_tokens(renderer, r.trajectory) for r in results),
+    }

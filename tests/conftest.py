@@ -1,0 +1,32 @@
+"""Shared fixtures: a real tiny checkpoint built locally once per test session."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    from race_core.tiny import TINY, ensure_checkpoint
+
+    return ensure_checkpoint(tmp_path_factory.mktemp("checkpoints"), TINY)
+
+
+@pytest.fixture(scope="session")
+def tiny_policy(tiny_checkpoint):
+    from race_core.policy import load_policy
+
+    return load_policy(tiny_checkpoint)
+
+
+@pytest.fixture(scope="session")
+def expert_trajectories():
+    from race_core.envs.expert import expert_dataset
+
+    return expert_dataset(20, seed=3)

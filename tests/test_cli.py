@@ -1,0 +1,42 @@
+"""`race validate` and `race cover` end to end on real files, model and Parquet."""
+
+import json
+
+import pandas as pd
+
+from flows.cli import main
+
+
+def test_validate_prints_counts_and_each_reject(tmp_path, capsys):
+    path = tmp_path / "in.jsonl"
+    good = {"question": "Compute 1 + 1.", "environment": "calc", "source_revision": "r", "split": "train",
+            "successful": True, "turns": [{"reasoning": "r", "action": "finish[2]", "observation": ""}]}
+    path.write_text(json.dumps(good) + "\n" + json.dumps({**good, "split": "test"}) + "\n")
+    assert main(["validate", "--input", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "valid trajectories: 1" in out and "rejected lines: 1" in out
+    assert f"{path}:2: [bad_split] split" in out
+
+
+def test_cover_writes_parquet_and_a_rerun_is_cached(tmp_path, tiny_checkpoint, capsys):
+    args = ["cover", "--checkpoint", str(tiny_checkpoint), "--out", str(tmp_path / "out"),
+            "--home", str(tmp_path / "home"), "--epsilon", "0.002"]
+    assert main(args) == 0
+    first = json.loads(capsys.readouterr().out)
+    decisions = pd.read_parquet(tmp_path / "out" / "decisions.parquet")
+    compressed = pd.read_parquet(tmp_path / "out" / "compressed.parquet")
+    assert len(compressed) == first["trajectories"]["ingested"] > 0
+    assert first["cover"]["removed"] == int(decisions["accepted"].sum())
+    assert first["cover"]["reasoning_tokens_after"] <= first["cover"]["reasoning_tokens_before"]
+    assert (decisions["epsilon"] == 0.002).all() and (decisions["turn"] >= 1).all()
+    assert not any(s["cached"] for s in first["stages"].values())
+    assert main(args) == 0
+    second = json.loads(capsys.readouterr().out)
+    assert all(s["cached"] for s in second["stages"].values())
+    assert second["cover"] == first["cover"]
+
+
+def test_cover_names_a_missing_input_file(tmp_path, capsys):
+    assert main(["cover", "--input", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "o"),
+                 "--home", str(tmp_path / "h")]) == 2
+    assert "nope.jsonl" in capsys.readouterr().err

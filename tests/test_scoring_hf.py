@@ -1,0 +1,87 @@
+"""The HF scorer equals a plain, cache-free forward pass over the whole rendered trajectory."""
+
+import numpy as np
+import pytest
+import torch
+
+from race_core.render import Renderer
+from race_core.scoring import ScoreRequest
+from race_core.scoring.hf import HFScorer
+
+
+def plain_action_means(model, renderer, trajectory):
+    rendered = renderer.render(trajectory)
+    with torch.no_grad():
+        logits = model(torch.as_tensor(rendered.input_ids)[None]).logits[0].double()
+    logprobs = torch.log_softmax(logits, -1)
+    return [float(np.mean([logprobs[p - 1, rendered.input_ids[p]].item() for p in range(a, b)]))
+            for a, b in rendered.action_spans]
+
+
+@pytest.mark.parametrize("prefix_reuse", [True, False])
+@pytest.mark.parametrize("batch_size", [1, 7])
+def test_scorer_equals_plain_forward_over_cover_like_rounds(tiny_policy, expert_trajectories, prefix_reuse,
+                                                           batch_size):
+    model, tokenizer = tiny_policy
+    renderer = Renderer(tokenizer)
+    scorer = HFScorer(model, tokenizer, batch_size=batch_size, prefix_reuse=prefix_reuse)
+    trajectories = list(expert_trajectories[:9])
+    current = {i: t for i, t in enumerate(trajectories)}
+    requests = [ScoreRequest(i, t) for i, t in current.items()]
+    for t in range(0, 4):
+        if t > 0:  # a cover-like round: remove reasoning t, keep every other removal
+            requests = [ScoreRequest(i, c.without_reasoning(t), from_turn=t)
+                        for i, c in current.items() if len(c.turns) > t]
+        got = scorer.score(requests)
+        for request, scores in zip(requests, got, strict=True):
+            expected = plain_action_means(model, renderer, request.trajectory)[request.from_turn:]
+            assert len(scores) == len(expected)
+            assert np.max(np.abs(np.array(scores) - expected)) < 1e-5
+            if t % 2 == 1:
+                current[request.key] = request.trajectory
+    if prefix_reuse:
+        assert scorer.stats.tokens_reused > 0
+    else:
+        assert scorer.stats.tokens_reused == 0
+
+
+def test_prefix_reuse_feeds_only_the_suffix(tiny_policy, expert_trajectories):
+    model, tokenizer = tiny_policy
+    with_reuse, without = (HFScorer(model, tokenizer, prefix_reuse=flag) for flag in (True, False))
+    trajectory = max(expert_trajectories, key=lambda t: len(t.turns))
+    for scorer in (with_reuse, without):
+        scorer.score([ScoreRequest("k", trajectory)])
+        scorer.score([ScoreRequest("k", trajectory.without_reasoning(2), from_turn=2)])
+    rendered = Renderer(tokenizer).render(trajectory)
+    suffix_start = rendered.turn_starts[2] + 1  # after the `<think>` token they share
+    fed_second = with_reuse.stats.tokens_processed - (rendered.action_spans[-1][1])
+    assert fed_second == Renderer(tokenizer).render(trajectory.without_reasoning(2)).action_spans[-1][1] - suffix_start
+    assert with_reuse.stats.tokens_processed < without.stats.tokens_processed
+
+
+def test_to_turn_scores_only_up_to_that_action(tiny_policy, expert_trajectories):
+    model, tokenizer = tiny_policy
+    trajectory = max(expert_trajectories, key=lambda t: len(t.turns))
+    scorer = HFScorer(model, tokenizer)
+    full = scorer.score([ScoreRequest("a", trajectory, from_turn=1)])[0]
+    part = scorer.score([ScoreRequest("b", trajectory, from_turn=1, to_turn=2)])[0]
+    assert part == pytest.approx(full[:2], abs=1e-6)
+
+
+def test_scorer_reports_its_noise_far_below_epsilon(tiny_policy, expert_trajectories):
+    model, tokenizer = tiny_policy
+    scorer = HFScorer(model, tokenizer)
+    noise = scorer.measure_noise([ScoreRequest(i, t) for i, t in enumerate(expert_trajectories[:5])])
+    assert scorer.noise == noise
+    assert 0.0 <= noise < 1e-5
+
+
+def test_from_pretrained_loads_a_local_folder_only(tiny_checkpoint, tmp_path):
+    scorer = HFScorer.from_pretrained(str(tiny_checkpoint))
+    assert scorer.name == "hf"
+    with pytest.raises(FileNotFoundError, match="not a local folder"):
+        HFScorer.from_pretrained("some-org/some-model")
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "pytorch_model.bin").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match="safetensors"):
+        HFScorer.from_pretrained(str(tmp_path))
