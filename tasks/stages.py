@@ -181,8 +181,12 @@ class ScoringResources:
 
 def score(store: ArtifactStore, trajectories_digest: str, checkpoint: str, model_digest: str,
           config: CoverConfig = CoverConfig(), resources: ScoringResources = ScoringResources(),
-          log: Log = _quiet, scorer_factory: Callable[[], Any] | None = None) -> dict[str, Any]:
-    """Run the LoGiC cover over the trajectories, shard by shard -> `decisions` Parquet."""
+          log: Log = _quiet, scorer_factory: Callable[[], Any] | None = None,
+          on_progress: Callable[[float], None] | None = None, trajectory_count: int | None = None
+          ) -> dict[str, Any]:
+    """Run the LoGiC cover over the trajectories, shard by shard -> `decisions` Parquet.
+
+    `on_progress(fraction)` is called after every round when `trajectory_count` is known."""
 
     def compute() -> dict[str, Any]:
         from race_core.cover import logic_cover
@@ -206,6 +210,8 @@ def score(store: ArtifactStore, trajectories_digest: str, checkpoint: str, model
                         log(f"score: scorer noise {noise:.2e} (epsilon {config.epsilon:g})")
                     def progress(t: int, n: int, total: int, first: int = done, size: int = len(shard)) -> None:
                         log(f"score: trajectories {first + 1}-{first + size}: round {t}/{total}, {n} candidates")
+                        if on_progress is not None and trajectory_count:
+                            on_progress(min(1.0, (first + size * t / max(total, 1)) / trajectory_count))
 
                     results = logic_cover(shard, scorer, config.epsilon, early_reject=config.early_reject,
                                           progress=progress)
@@ -272,3 +278,47 @@ def decide(store: ArtifactStore, trajectories_digest: str, decisions_digest: str
 
     return run_stage(store, "decide", 1, {"epsilon": epsilon},
                      {"trajectories": trajectories_digest, "decisions": decisions_digest}, model_digest, compute)
+
+
+# -- nightly: only what the catalog has not seen -----------------------------------------------
+def catalog_scope(model_digest: str, config: CoverConfig):
+    from storage import Scope
+
+    return Scope(model_digest=model_digest, epsilon=config.epsilon,
+                 scorer={"backend": config.backend, "dtype": config.dtype})
+
+
+def select_new(store: ArtifactStore, trajectories_digests: list[str], model_digest: str,
+               config: CoverConfig, log: Log = _quiet) -> dict[str, Any]:
+    """The trajectories not yet compressed for this (model, ε, scorer) as one dataset. Not cached:
+    the answer depends on the catalog, which grows; it is cheap (ids only, then one pass)."""
+    from storage import Catalog
+
+    catalog = Catalog(store)
+    scope = catalog_scope(model_digest, config)
+    done = catalog.compressed_ids(scope)
+    seen: set[str] = set()
+    total = 0
+    with _TempDataset(store, "trajectories") as out:
+        for digest in trajectories_digests:
+            for trajectory in iter_trajectories(store, digest):
+                total += 1
+                if trajectory.id in done or trajectory.id in seen:
+                    continue
+                seen.add(trajectory.id)
+                out.writer.write(trajectory)
+    log(f"select: {out.rows} new of {total} trajectories (already compressed: {total - out.rows})")
+    return {"objects": {"trajectories": out.digest}, "ids": sorted(seen),
+            "metrics": {"new": out.rows, "seen": total, "already_compressed": total - out.rows},
+            "scope": scope.to_dict(), "cached": False}
+
+
+def record_part(store: ArtifactStore, compressed_digest: str, ids: list[str], model_digest: str,
+                config: CoverConfig) -> dict[str, Any]:
+    """Append the new compressed part to the catalog (old parts are never rewritten)."""
+    from storage import Catalog
+
+    entry = Catalog(store).append_part(catalog_scope(model_digest, config), compressed_digest, ids,
+                                       meta={"rows": len(ids)})
+    return {"objects": {"part": compressed_digest}, "metrics": {"rows": len(ids)}, "entry": entry,
+            "cached": False}

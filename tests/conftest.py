@@ -9,6 +9,8 @@ import pytest
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("RACE_RETRY_DELAY_S", "0")
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 
 @pytest.fixture(scope="session")
@@ -30,3 +32,19 @@ def expert_trajectories():
     from race_core.envs.expert import expert_dataset
 
     return expert_dataset(20, seed=3)
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """A real temporary Prefect server for the session's flow runs."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=180):
+        yield
+
+
+@pytest.fixture
+def demo_inputs(tmp_path):
+    from flows.cover_job import demo_inputs
+
+    return demo_inputs(tmp_path / "home", n=8, seed=11)
