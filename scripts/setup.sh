@@ -22,7 +22,7 @@ if [ "${RACE_VLLM:-1}" = "1" ]; then
   "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec 2>&1 | grep -v "not installed" || true
 fi
 # Any conflict left (but the packages removed on purpose above) is an error.
-conflicts=$("$VENV/bin/python" -m pip check 2>&1 | grep -vE "torchvision|torchaudio|torchcodec|No broken" || true)
+conflicts=$("$VENV/bin/python" -m pip check 2>&1 | grep -vE "torchvision|torchaudio|torchcodec|No broken|is not supported on this platform" || true)
 [ -z "$conflicts" ] || { echo "inconsistent dependencies after install:" >&2; echo "$conflicts" >&2; exit 1; }
 "$VENV/bin/python" -c "import race_core, storage, tasks, flows, transformers, prefect, pyarrow" \
   || { echo "the project failed to import after install" >&2; exit 1; }
