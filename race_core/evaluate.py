@@ -1,0 +1,73 @@
+"""Policy evaluation on held-out calculator tasks: success rate, reasoning tokens, turns.
+
+Episodes are played by `race_core.rollout.run_rollouts` (the same driver as RL sampling), greedy
+or sampled; success is the environment's private judge. Use held-out tasks:
+`generate_tasks(n, heldout_seed(seed))` (they share no question with any training draw).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from race_core.envs.calculator import DEFAULT_MAX_TURNS, CalculatorTask, generate_tasks, heldout_seed
+from race_core.render import Renderer
+from race_core.rollout import Rollout, run_rollouts
+from race_core.sampling import SamplingParams
+
+
+@dataclass
+class EvalReport:
+    success_rate: float
+    reasoning_tokens_per_episode: float  # generated reasoning tokens, mean over episodes
+    turns_per_episode: float
+    episodes: list[Rollout]
+    well_formed_rate: float = 0.0  # share of turns that followed the <think>…</think>\nAction: format
+    greedy: bool = True
+
+    def summary(self) -> dict:
+        return {"episodes": len(self.episodes), "success_rate": self.success_rate,
+                "reasoning_tokens_per_episode": self.reasoning_tokens_per_episode,
+                "turns_per_episode": self.turns_per_episode, "well_formed_rate": self.well_formed_rate,
+                "greedy": self.greedy}
+
+
+def heldout_tasks(n: int, seed: int = 0, difficulty: int | None = None) -> list[CalculatorTask]:
+    """`n` held-out tasks (never drawn for training, whatever the training seed)."""
+    return generate_tasks(n, heldout_seed(seed), difficulty, split="heldout")
+
+
+def evaluate_policy(
+    model,
+    tokenizer,
+    tasks: Sequence[CalculatorTask],
+    greedy: bool = True,
+    samples: int = 1,
+    seed: int = 0,
+    *,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    max_turns: int = DEFAULT_MAX_TURNS,
+    max_new_tokens: int = 96,
+    batch_size: int = 64,
+) -> EvalReport:
+    """Play every task (`samples` times when sampling; once when greedy) and summarise."""
+    from race_core.sampling.hf import HFSampler
+
+    if not tasks:
+        raise ValueError("evaluate_policy needs at least one task")
+    renderer = Renderer(tokenizer)
+    sampler = HFSampler(model, tokenizer, renderer=renderer, batch_size=batch_size)
+    params = SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed,
+                            greedy=greedy)
+    episodes = run_rollouts(sampler, renderer, tasks, 1 if greedy else samples, params, max_turns)
+    n = len(episodes)
+    turns = sum(len(e.turns) for e in episodes)
+    return EvalReport(
+        success_rate=sum(e.success for e in episodes) / n,
+        reasoning_tokens_per_episode=sum(e.reasoning_token_count() for e in episodes) / n,
+        turns_per_episode=turns / n,
+        episodes=episodes,
+        well_formed_rate=sum(sum(e.well_formed) for e in episodes) / max(turns, 1),
+        greedy=greedy,
+    )

@@ -1,0 +1,229 @@
+"""Multi-turn on-policy episodes over a Sampler and the bounded calculator (DESIGN §5, §6).
+
+For K tasks × G samples, every episode's token sequence is built INCREMENTALLY: it starts as
+`renderer.prompt_ids(question, [])`, each step the sampler continues the current ids, and the
+wrapper/observation ids are appended after the generated ones. Past turns are never re-tokenized, so
+the context the sampler saw, the sequence the RL update scores and the old log-probs agree exactly.
+
+After each generation (stop token included):
+  * the generated ids are parsed by decoding: the text between `<think>` and `</think>` is the
+    reasoning, the text after `\\nAction: ` (up to the end-of-turn stop) is the action. A generation
+    that does not follow this format (no leading `<think>`, no `</think>`, no `\\nAction: ` after
+    it, or no stop before the token limit) is *malformed*: the env receives an empty action, which
+    it answers as invalid (still a turn of the budget);
+  * if the stop was the first token of the assistant_end wrapper, the rest of it
+    (`renderer.end_ids[1:]`) is appended; after a length cut, the whole wrapper;
+  * then `assistant_to_user`, `Observation: ...` and, unless the episode is over,
+    `user_to_assistant`: the same segments, roles and turn tags as `render.py` gives them, so
+    for well-formed turns whose tokens happen to be canonical the rollout's ids equal
+    `renderer.render_turns(question, turns)`.
+
+Generated tokens get roles by locating the marker ids: the leading `renderer.open_ids` is OPEN, up
+to `renderer.close_ids` is REASONING, the close marker is CLOSE, the stop token END. After the close
+marker, if the generated ids continue with exactly `renderer.encode("\\nAction: ")` those tokens are
+ACTION_PREFIX and the rest ACTION; if the model spelled the prefix with other tokens (same text,
+different split) all tokens after the close marker are tagged ACTION (fallback: the prefix is then
+not separable by ids). Tokens of a generation without a leading open marker are all ACTION; after
+an open marker that is never closed, all REASONING.
+
+Only the env's private judge reads the task's answer; reference actions are never read here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from race_core.envs.calculator import (
+    DEFAULT_MAX_TURNS,
+    ENV_REVISION,
+    ENVIRONMENT_NAME,
+    CalculatorEnv,
+    CalculatorTask,
+)
+from race_core.render import ACTION_PREFIX, OBSERVATION_PREFIX, Renderer, Role
+from race_core.sampling import Sample, Sampler, SamplingParams
+from race_core.schema import SchemaError, Trajectory, Turn
+
+ROLLOUT_SOURCE_REVISION = f"on-policy-env-r{ENV_REVISION}"
+_STEP_SEED_STRIDE = 1_000_003  # sampler seed of step s = seed + s * stride
+
+
+@dataclass(frozen=True)
+class ParsedGeneration:
+    """One generated assistant turn: its reasoning/action text, format verdict, per-token roles."""
+
+    reasoning: str
+    action: str
+    well_formed: bool
+    roles: tuple[int, ...]  # one per generated token (stop included)
+
+
+@dataclass
+class Rollout:
+    """One on-policy episode. Token arrays are aligned: `token_ids[i]` has tag (turns[i], roles[i]),
+    `policy_mask[i]` says the policy generated it and `old_logprobs[i]` is its log-prob under the
+    sampling policy (0 where not generated)."""
+
+    task_id: str
+    group: int  # index of the task in the batch: rollouts of one task share it (GRPO group)
+    sample_index: int
+    question: str
+    prompt_length: int
+    token_ids: list[int] = field(default_factory=list)
+    turn_tags: list[int] = field(default_factory=list)
+    roles: list[int] = field(default_factory=list)
+    policy_mask: list[bool] = field(default_factory=list)
+    old_logprobs: list[float] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    well_formed: list[bool] = field(default_factory=list)
+    success: bool = False
+    reward: float = 0.0
+    finished: bool = False
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {
+            "token_ids": np.asarray(self.token_ids, dtype=np.int64),
+            "turns": np.asarray(self.turn_tags, dtype=np.int32),
+            "roles": np.asarray(self.roles, dtype=np.int8),
+            "policy_mask": np.asarray(self.policy_mask, dtype=bool),
+            "old_logprobs": np.asarray(self.old_logprobs, dtype=np.float32),
+        }
+
+    @property
+    def all_well_formed(self) -> bool:
+        return all(self.well_formed)
+
+    def reasoning_token_count(self, turn: int | None = None) -> int:
+        """Generated reasoning tokens (of one turn, or of the whole episode)."""
+        return sum(1 for t, r, p in zip(self.turn_tags, self.roles, self.policy_mask, strict=True)
+                   if p and r == Role.REASONING and (turn is None or t == turn))
+
+    def to_trajectory(self, source_revision: str = ROLLOUT_SOURCE_REVISION) -> Trajectory | None:
+        """The successful, well-formed episode as a validated Trajectory (environment
+        bounded-calculator-v1); None when it failed, has a malformed turn or breaks the schema."""
+        if not self.success or not self.all_well_formed:
+            return None
+        record = {"question": self.question, "environment": ENVIRONMENT_NAME, "source_revision": source_revision,
+                  "split": "train", "successful": True, "turns": [t.to_dict() for t in self.turns],
+                  "task_id": self.task_id}
+        try:
+            return Trajectory.from_dict(record)
+        except SchemaError:
+            return None
+
+
+def _find(ids: Sequence[int], pattern: Sequence[int], start: int = 0) -> int:
+    """Index of the first occurrence of `pattern` in `ids` at or after `start`; -1 if none."""
+    n, m = len(ids), len(pattern)
+    if m == 0:
+        return -1
+    for i in range(start, n - m + 1):
+        if tuple(ids[i:i + m]) == tuple(pattern):
+            return i
+    return -1
+
+
+def parse_generation(renderer: Renderer, token_ids: Sequence[int], stopped: bool) -> ParsedGeneration:
+    """Split one generated turn into reasoning / action and tag each token with its role.
+
+    `stopped` says the last token is the end-of-turn stop (the sampler's finish_reason "stop")."""
+    tokenizer = renderer.tokenizer
+    body = list(token_ids[:-1] if stopped else token_ids)
+    roles = [int(Role.ACTION)] * len(body)
+    open_ids, close_ids = renderer.open_ids, renderer.close_ids
+    prefix_ids = renderer.encode(ACTION_PREFIX)
+    reasoning, action, well_formed = "", "", False
+
+    has_open = len(body) >= len(open_ids) and tuple(body[:len(open_ids)]) == tuple(open_ids)
+    close_at = _find(body, close_ids, len(open_ids)) if has_open else -1
+    if has_open:
+        roles[:len(open_ids)] = [int(Role.OPEN)] * len(open_ids)
+        end_reasoning = close_at if close_at >= 0 else len(body)
+        roles[len(open_ids):end_reasoning] = [int(Role.REASONING)] * (end_reasoning - len(open_ids))
+    if close_at >= 0:
+        after = close_at + len(close_ids)
+        roles[close_at:after] = [int(Role.CLOSE)] * len(close_ids)
+        if tuple(body[after:after + len(prefix_ids)]) == tuple(prefix_ids):
+            roles[after:after + len(prefix_ids)] = [int(Role.ACTION_PREFIX)] * len(prefix_ids)
+        reasoning = tokenizer.decode(body[len(open_ids):close_at], skip_special_tokens=False)
+        tail = tokenizer.decode(body[after:], skip_special_tokens=False)
+        if tail.startswith(ACTION_PREFIX) and stopped:
+            action, well_formed = tail[len(ACTION_PREFIX):], True
+    if stopped:
+        roles.append(int(Role.END))
+    return ParsedGeneration(reasoning=reasoning, action=action, well_formed=well_formed, roles=tuple(roles))
+
+
+class _Episode:
+    """The state of one running episode: its env and the rollout being built."""
+
+    def __init__(self, renderer: Renderer, task: CalculatorTask, group: int, sample_index: int, max_turns: int):
+        self.renderer = renderer
+        self.env = CalculatorEnv(task, max_turns)
+        question = self.env.reset()
+        prompt = renderer.prompt_ids(question, [])
+        self.rollout = Rollout(task_id=task.task_id, group=group, sample_index=sample_index, question=question,
+                               prompt_length=len(prompt))
+        self._append(prompt, -1, Role.CONTEXT)
+
+    def _append(self, ids: Sequence[int], turn: int, role: Role | Sequence[int], policy: bool = False,
+                logprobs: Sequence[float] | None = None) -> None:
+        r = self.rollout
+        r.token_ids.extend(int(i) for i in ids)
+        r.turn_tags.extend([turn] * len(ids))
+        r.roles.extend([int(role)] * len(ids) if isinstance(role, Role) else [int(x) for x in role])
+        r.policy_mask.extend([policy] * len(ids))
+        r.old_logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+
+    @property
+    def done(self) -> bool:
+        return self.env.done
+
+    def advance(self, sample: Sample) -> None:
+        """Append one generated turn, run its action in the env, append the observation."""
+        renderer, w, r = self.renderer, self.renderer.wrappers, self.rollout
+        turn = len(r.turns)
+        end_ids = renderer.end_ids
+        stopped = sample.finish_reason == "stop" and len(sample.token_ids) > 0
+        parsed = parse_generation(renderer, sample.token_ids, stopped)
+        self._append(sample.token_ids, turn, parsed.roles, policy=True, logprobs=sample.logprobs)
+        if stopped and end_ids and sample.token_ids[-1] == end_ids[0]:
+            self._append(end_ids[1:], turn, Role.END)
+        else:  # a length cut, or a stop on an EOS that is not the wrapper: close the message
+            self._append(end_ids, turn, Role.END)
+        result = self.env.step(parsed.action if parsed.well_formed else "")
+        r.turns.append(Turn(reasoning=parsed.reasoning, action=parsed.action, observation=result.observation))
+        r.well_formed.append(parsed.well_formed)
+        self._append(renderer.encode(w.assistant_to_user), turn, Role.CONTEXT)
+        self._append(renderer.encode(OBSERVATION_PREFIX + result.observation), turn, Role.OBSERVATION)
+        if result.done:
+            r.success, r.reward, r.finished = self.env.success, self.env.reward, self.env.finished
+        else:
+            self._append(renderer.encode(w.user_to_assistant), turn, Role.CONTEXT)
+
+
+def run_rollouts(
+    sampler: Sampler,
+    renderer: Renderer,
+    tasks: Sequence[CalculatorTask],
+    group_size: int = 1,
+    params: SamplingParams | None = None,
+    max_turns: int = DEFAULT_MAX_TURNS,
+) -> list[Rollout]:
+    """Play `group_size` episodes of every task; one sampler call per step over all unfinished
+    episodes. Rollouts come back task-major: tasks[0] sample 0..G-1, tasks[1] ..., with `group`
+    = the task's index."""
+    params = params or SamplingParams()
+    episodes = [_Episode(renderer, task, k, g, max_turns) for k, task in enumerate(tasks) for g in range(group_size)]
+    step = 0
+    while active := [e for e in episodes if not e.done]:
+        step_params = replace(params, n=1, seed=params.seed + step * _STEP_SEED_STRIDE)
+        samples = sampler.sample([e.rollout.token_ids for e in active], step_params)
+        for episode, per_prompt in zip(active, samples, strict=True):
+            episode.advance(per_prompt[0])
+        step += 1
+    return [e.rollout for e in episodes]
+

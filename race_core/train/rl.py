@@ -1,0 +1,301 @@
+"""Cover-aware RL on on-policy calculator rollouts (DESIGN §5; the paper's eqs. 13-15).
+
+One iteration:
+  1. G rollouts for each of K tasks from the current policy (`race_core.rollout`, HFSampler over
+     the in-memory model); the sampler's log-probs are logp_old.
+  2. reward = the env's private judge; GRPO advantage per group (`grpo_advantages`).
+  3. LoGiC cover (`logic_cover`, HFScorer over the pre-update policy) on the successful,
+     well-formed rollouts, each as a Trajectory of its parsed turns. The cover decides on the
+     canonical rendering of those turns; its skipped turns then mask the rollout's OWN generated
+     reasoning tokens of those turns (`skipped_mask`). Failed rollouts (and successful ones with a
+     malformed turn, which have no faithful Trajectory) keep ordinary policy masks.
+  4. Closure terms: for each skipped turn t, log p(close marker | compressed context up to and
+     including turn t's open marker) under the NEW policy, with gradient; the compressed context is
+     `renderer.render(cover.trajectory)` up to `turn_starts[t] + len(open_ids)`, the log-prob is the
+     sum over the close marker's tokens.
+  5. logp_new recomputed with gradient (one forward over all rollout sequences, right padded) →
+     `cover_aware_loss` → optimizer step(s).
+
+`build_rl_batch` holds every tensor the loss reads, so a test can recompute the loss by hand.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from race_core.cover import CoverResult, logic_cover
+from race_core.envs.calculator import DEFAULT_MAX_TURNS, CalculatorTask, generate_tasks
+from race_core.loss import cover_aware_loss, grpo_advantages
+from race_core.render import Renderer, Role
+from race_core.rollout import Rollout, run_rollouts
+from race_core.sampling import SamplingParams
+
+Progress = Callable[[int, int, dict], None]  # (iteration, iterations total, summary)
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    """Hyperparameters of cover-aware RL (its canonical JSON is part of the stage key)."""
+
+    tasks_per_iteration: int = 8  # K
+    group_size: int = 4  # G rollouts per task (GRPO group)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 96  # per assistant turn
+    max_turns: int = DEFAULT_MAX_TURNS
+    epsilon: float = 1e-3  # LoGiC tolerance
+    clip: float = 0.2
+    closure_weight: float = 0.02  # λ
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    inner_steps: int = 1  # optimizer steps on one batch of rollouts
+    max_grad_norm: float = 1.0
+    seed: int = 0
+    difficulty: int | None = None  # of the training tasks train_rl draws
+
+
+@dataclass
+class RLBatch:
+    """Everything `cover_aware_loss` reads for one batch of rollouts. Token tensors are [rows, L]
+    and aligned with `input_ids`: entry i belongs to token i (predicted from tokens < i)."""
+
+    input_ids: torch.Tensor  # long [R, L], right padded
+    attention_mask: torch.Tensor  # long [R, L]
+    policy_mask: torch.Tensor  # bool [R, L]: generated tokens
+    skipped_mask: torch.Tensor  # bool [R, L]: generated reasoning tokens of skipped turns
+    logp_old: torch.Tensor  # float [R, L]: sampler log-probs (0 off the policy mask)
+    advantages: torch.Tensor  # float [R]
+    rewards: torch.Tensor  # float [R]
+    closure_input_ids: torch.Tensor  # long [S, Lc]: compressed context + close marker, right padded
+    closure_attention_mask: torch.Tensor  # long [S, Lc]
+    closure_target_mask: torch.Tensor  # bool [S, Lc]: the close marker's tokens
+    closure_turns: list[tuple[int, int]]  # (row, turn) of each closure term
+    total_turns: int  # every turn of every rollout in the batch
+
+    @property
+    def policy_token_count(self) -> int:
+        return int(self.policy_mask.sum())
+
+    @property
+    def masked_token_count(self) -> int:
+        return int((self.skipped_mask & self.policy_mask).sum())
+
+
+@dataclass
+class RLReport:
+    success_rate: float
+    reasoning_tokens_per_turn: float  # generated reasoning tokens / turns, over the batch
+    masked_tokens: int  # skipped reasoning tokens (no policy gradient, still in N_policy)
+    closure_terms: int
+    policy_tokens: int  # N_policy
+    total_turns: int
+    loss: float  # of the first inner step (before any update of this iteration)
+    losses: list[float]
+    batch: RLBatch
+    logp_new: torch.Tensor  # detached, first inner step
+    closure_logprobs: torch.Tensor  # detached, first inner step
+    rollouts: list[Rollout]
+    covers: dict[int, CoverResult]  # rollout index -> cover result (successful, well-formed ones)
+    wall_seconds: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    def summary(self) -> dict:
+        return {"success_rate": self.success_rate, "reasoning_tokens_per_turn": self.reasoning_tokens_per_turn,
+                "masked_tokens": self.masked_tokens, "closure_terms": self.closure_terms,
+                "policy_tokens": self.policy_tokens, "total_turns": self.total_turns, "loss": self.loss,
+                "rollouts": len(self.rollouts), "wall_seconds": round(self.wall_seconds, 2)}
+
+
+def cover_rollouts(rollouts: Sequence[Rollout], scorer, epsilon: float) -> dict[int, CoverResult]:
+    """LoGiC cover of the successful, well-formed rollouts: rollout index -> CoverResult."""
+    indexed = [(i, t) for i, r in enumerate(rollouts) if (t := r.to_trajectory()) is not None]
+    if not indexed:
+        return {}
+    results = logic_cover([t for _, t in indexed], scorer, epsilon)
+    return {i: result for (i, _), result in zip(indexed, results, strict=True)}
+
+
+def build_rl_batch(renderer: Renderer, rollouts: Sequence[Rollout], covers: dict[int, CoverResult],
+                   advantages: torch.Tensor, pad_id: int) -> RLBatch:
+    """Pad the rollouts into one batch, mark skipped reasoning, and lay out the closure contexts."""
+    rows = len(rollouts)
+    width = max(len(r.token_ids) for r in rollouts)
+    input_ids = torch.full((rows, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((rows, width), dtype=torch.long)
+    policy = torch.zeros((rows, width), dtype=torch.bool)
+    skipped = torch.zeros((rows, width), dtype=torch.bool)
+    logp_old = torch.zeros((rows, width), dtype=torch.float32)
+    closure_sequences: list[list[int]] = []
+    closure_turns: list[tuple[int, int]] = []
+    close_ids = list(renderer.close_ids)
+    for row, rollout in enumerate(rollouts):
+        a = rollout.arrays()
+        n = len(a["token_ids"])
+        input_ids[row, :n] = torch.from_numpy(a["token_ids"])
+        attention[row, :n] = 1
+        policy[row, :n] = torch.from_numpy(a["policy_mask"])
+        logp_old[row, :n] = torch.from_numpy(a["old_logprobs"])
+        cover = covers.get(row)
+        if cover is None:
+            continue
+        compressed = renderer.render(cover.trajectory)
+        for t in cover.skipped_turns:
+            own_reasoning = (a["turns"] == t) & (a["roles"] == int(Role.REASONING)) & a["policy_mask"]
+            skipped[row, :n] |= torch.from_numpy(own_reasoning)
+            context = compressed.input_ids[: compressed.turn_starts[t] + len(renderer.open_ids)].tolist()
+            closure_sequences.append(context + close_ids)
+            closure_turns.append((row, t))
+    c_width = max((len(s) for s in closure_sequences), default=0)
+    closure_ids = torch.full((len(closure_sequences), c_width), pad_id, dtype=torch.long)
+    closure_attention = torch.zeros((len(closure_sequences), c_width), dtype=torch.long)
+    closure_targets = torch.zeros((len(closure_sequences), c_width), dtype=torch.bool)
+    for k, sequence in enumerate(closure_sequences):
+        closure_ids[k, :len(sequence)] = torch.as_tensor(sequence)
+        closure_attention[k, :len(sequence)] = 1
+        closure_targets[k, len(sequence) - len(close_ids):len(sequence)] = True
+    return RLBatch(
+        input_ids=input_ids, attention_mask=attention, policy_mask=policy, skipped_mask=skipped,
+        logp_old=logp_old, advantages=advantages.float(),
+        rewards=torch.tensor([r.reward for r in rollouts], dtype=torch.float32),
+        closure_input_ids=closure_ids, closure_attention_mask=closure_attention,
+        closure_target_mask=closure_targets, closure_turns=closure_turns,
+        total_turns=sum(len(r.turns) for r in rollouts),
+    )
+
+
+def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """log p(token i | tokens < i) for every position (0 at position 0), [rows, L], with gradient."""
+    device = next(model.parameters()).device
+    logits = model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device)).logits[:, :-1].float()
+    targets = input_ids[:, 1:].to(device)
+    picked = logits.gather(-1, targets[..., None])[..., 0] - torch.logsumexp(logits, dim=-1)
+    return torch.nn.functional.pad(picked, (1, 0))
+
+
+def policy_logprobs(model, batch: RLBatch) -> torch.Tensor:
+    """logp_new [R, L] under `model`, with gradient (one forward over the padded batch)."""
+    return token_logprobs(model, batch.input_ids, batch.attention_mask)
+
+
+def closure_logprobs(model, batch: RLBatch) -> torch.Tensor:
+    """One log p(close marker | compressed context, open marker) per skipped turn, with gradient."""
+    if not batch.closure_turns:
+        return torch.zeros(0, device=next(model.parameters()).device)
+    logp = token_logprobs(model, batch.closure_input_ids, batch.closure_attention_mask)
+    return (logp * batch.closure_target_mask.to(logp.device)).sum(dim=1)
+
+
+def batch_loss(batch: RLBatch, logp_new: torch.Tensor, closure: torch.Tensor, config: RLConfig) -> torch.Tensor:
+    device = logp_new.device
+    return cover_aware_loss(
+        logp_new, batch.logp_old.to(device), batch.advantages.to(device), batch.policy_mask.to(device),
+        batch.skipped_mask.to(device), closure, batch.total_turns, clip=config.clip,
+        closure_weight=config.closure_weight,
+    )
+
+
+def make_optimizer(model, config: RLConfig) -> torch.optim.Optimizer:
+    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.lr,
+                             weight_decay=config.weight_decay)
+
+
+def rl_iteration(
+    model,
+    tokenizer,
+    config: RLConfig,
+    tasks: Sequence[CalculatorTask],
+    *,
+    optimizer: torch.optim.Optimizer | None = None,
+    renderer: Renderer | None = None,
+    seed: int | None = None,
+) -> RLReport:
+    """Sample, judge, cover, and update `model` in place; see the module docstring."""
+    from race_core.sampling.hf import HFSampler
+
+    started = time.perf_counter()
+    renderer = renderer or Renderer(tokenizer)
+    seed = config.seed if seed is None else seed
+    sampler = HFSampler(model, tokenizer, renderer=renderer)
+    params = SamplingParams(temperature=config.temperature, top_p=config.top_p,
+                            max_new_tokens=config.max_new_tokens, seed=seed)
+    rollouts = run_rollouts(sampler, renderer, tasks, config.group_size, params, config.max_turns)
+    report = update_from_rollouts(model, tokenizer, rollouts, config, optimizer=optimizer, renderer=renderer)
+    report.wall_seconds = time.perf_counter() - started
+    return report
+
+
+def update_from_rollouts(
+    model,
+    tokenizer,
+    rollouts: Sequence[Rollout],
+    config: RLConfig,
+    *,
+    optimizer: torch.optim.Optimizer | None = None,
+    renderer: Renderer | None = None,
+) -> RLReport:
+    """The update half of an iteration: judge-given rewards -> GRPO advantages -> LoGiC cover of the
+    successful rollouts with the pre-update policy -> cover-aware loss -> optimizer step(s)."""
+    from race_core.scoring.hf import HFScorer
+
+    started = time.perf_counter()
+    renderer = renderer or Renderer(tokenizer)
+    optimizer = optimizer or make_optimizer(model, config)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    advantages = grpo_advantages([r.reward for r in rollouts], [r.group for r in rollouts])
+    covers = cover_rollouts(rollouts, HFScorer(model, tokenizer, renderer=renderer), config.epsilon)
+    batch = build_rl_batch(renderer, rollouts, covers, advantages, pad_id)
+
+    model.train()
+    losses: list[float] = []
+    logged_logp, logged_closure = None, None
+    for _ in range(config.inner_steps):
+        logp_new = policy_logprobs(model, batch)
+        closure = closure_logprobs(model, batch)
+        loss = batch_loss(batch, logp_new, closure, config)
+        if logged_logp is None:
+            logged_logp, logged_closure = logp_new.detach().cpu(), closure.detach().cpu()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if config.max_grad_norm:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    model.eval()
+
+    turns = batch.total_turns
+    reasoning = sum(r.reasoning_token_count() for r in rollouts)
+    return RLReport(
+        success_rate=sum(r.success for r in rollouts) / len(rollouts),
+        reasoning_tokens_per_turn=reasoning / max(turns, 1),
+        masked_tokens=batch.masked_token_count, closure_terms=len(batch.closure_turns),
+        policy_tokens=batch.policy_token_count, total_turns=turns, loss=losses[0], losses=losses,
+        batch=batch, logp_new=logged_logp, closure_logprobs=logged_closure, rollouts=list(rollouts),
+        covers=covers, wall_seconds=time.perf_counter() - started,
+    )
+
+
+def train_rl(checkpoint: str | Path, config: RLConfig, iterations: int, out_dir: str | Path,
+             progress: Progress | None = None) -> tuple[Path, list[RLReport]]:
+    """Run `iterations` RL iterations from a local checkpoint on fresh training tasks (seed
+    `config.seed + iteration`) and save the updated policy to `out_dir`."""
+    from race_core.policy import load_policy, save_policy
+
+    model, tokenizer = load_policy(checkpoint)
+    torch.manual_seed(config.seed)
+    optimizer = make_optimizer(model, config)
+    renderer = Renderer(tokenizer)
+    reports: list[RLReport] = []
+    for iteration in range(iterations):
+        tasks = generate_tasks(config.tasks_per_iteration, config.seed + iteration, config.difficulty,
+                               split="train")
+        report = rl_iteration(model, tokenizer, config, tasks, optimizer=optimizer, renderer=renderer,
+                              seed=config.seed + iteration)
+        reports.append(report)
+        if progress is not None:
+            progress(iteration + 1, iterations, report.summary())
+    return save_policy(model, tokenizer, out_dir), reports
