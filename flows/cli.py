@@ -3,8 +3,11 @@
 race validate --input FILE...      schema check only; counts and every reject listed
 race cover --out DIR [...]         LoGiC cover without orchestration; Parquet via the artifact store
 race run --input ... --checkpoint  the Prefect pipeline flow on your data and checkpoint
+race demo                          the whole pipeline on embedded defaults, with a report
+race report --summary F            rebuild report.md and plots from a summary.json (+ decisions)
 race serve                         serve the deployments (manual, nightly) to a Prefect server
 race gc [--delete]                 list (or remove) store objects no manifest references
+race bench scoring [--json FILE]   scoring benchmark: naive vs full-forward vs ours vs the work bound
 """
 
 from __future__ import annotations
@@ -60,8 +63,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strict", action="store_true")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--early-reject", action="store_true")
+    p.add_argument("--sft-epochs", type=int, default=1)
+    p.add_argument("--sft-steps", type=int, default=0, help="optimizer steps (0: --sft-epochs passes)")
+    p.add_argument("--sft-lr", type=float, default=1e-3)
+    p.add_argument("--rl-tasks", type=int, default=8, help="calculator tasks per RL iteration")
+    p.add_argument("--rl-group-size", type=int, default=4, help="rollouts per task (GRPO group)")
+    p.add_argument("--rl-lr", type=float, default=1e-5)
+    p.add_argument("--eval-tasks", type=int, default=100, help="held-out calculator tasks per evaluation")
+    p.add_argument("--report-dir", help="write report.md, plots and summary.json here")
     p.add_argument("--summary", help="write summary.json here")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("demo", help="bootstrap a small policy and run the whole pipeline, with a report")
+    p.add_argument("--home", default=str(DEFAULT_HOME), help="checkpoints, data and the store (cached)")
+    p.add_argument("--out", default="runs/demo", help="the report lands in OUT/report")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("report", help="rebuild report.md and the plots from summary.json")
+    p.add_argument("--summary", required=True, help="summary.json of a run")
+    p.add_argument("--decisions", help="decisions.parquet (default: from the store named in the summary)")
+    p.add_argument("--out", help="report folder (default: the summary's folder)")
+    p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("serve", help="serve the race-pipeline/manual and race-pipeline/nightly deployments")
     p.add_argument("--inbox", default="inbox/*.jsonl", help="nightly: glob or URL of new JSONL files")
@@ -77,6 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", default=str(DEFAULT_HOME / "store"))
     p.add_argument("--delete", action="store_true", help="remove them (default: dry run, list only)")
     p.set_defaults(func=cmd_gc)
+
+    from race_core.bench_scoring import add_bench_parser
+
+    add_bench_parser(sub)
     return parser
 
 
@@ -136,13 +163,46 @@ def cmd_run(args) -> int:
         inputs=list(args.input), checkpoint=args.checkpoint, store=args.store, backend=args.backend,
         device=args.device, dtype=args.dtype, epsilon=args.epsilon, seed=args.seed,
         rl_iterations=args.rl_iterations, stages=args.stages, strict=args.strict, batch_size=args.batch_size,
-        early_reject=args.early_reject,
+        early_reject=args.early_reject, sft_epochs=args.sft_epochs, sft_steps=args.sft_steps, sft_lr=args.sft_lr,
+        rl_tasks=args.rl_tasks, rl_group_size=args.rl_group_size, rl_lr=args.rl_lr, eval_tasks=args.eval_tasks,
+        report_dir=args.report_dir,
     )
     text = json.dumps(summary, indent=2)
     if args.summary:
         Path(args.summary).parent.mkdir(parents=True, exist_ok=True)
         Path(args.summary).write_text(text + "\n")
     print(text)
+    return 0
+
+
+def cmd_demo(args) -> int:
+    _prefect_defaults()
+    from flows.demo import race_demo
+
+    summary = race_demo(home=args.home, out=args.out, seed=args.seed)
+    report = Path(args.out) / "report"
+    evals = summary.get("eval", {})
+    print(json.dumps({"stages": summary["stages"], "cover": summary.get("cover"), "eval": evals}, indent=2))
+    print(f"report: {report / 'report.md'} (plots and summary.json beside it)")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from storage import ArtifactStore, read_dataset
+    from storage.parquet import read_dataset_from_store
+    from tasks.report import write_report
+
+    summary_path = Path(args.summary)
+    summary = json.loads(summary_path.read_text())
+    if args.decisions:
+        decisions = read_dataset("decisions", args.decisions)
+    elif summary.get("objects", {}).get("decisions") and summary.get("run", {}).get("store"):
+        decisions = read_dataset_from_store(ArtifactStore(summary["run"]["store"]), summary["objects"]["decisions"],
+                                            "decisions")
+    else:
+        decisions = None
+    written = write_report(args.out or summary_path.parent, summary, decisions)
+    print(f"report: {written['report']}")
     return 0
 
 

@@ -55,6 +55,14 @@ def race_pipeline(
     strict: bool = False,
     batch_size: int = 16,
     early_reject: bool = False,
+    sft_epochs: int = 1,
+    sft_steps: int = 0,
+    sft_lr: float = 1e-3,
+    rl_tasks: int = 8,
+    rl_group_size: int = 4,
+    rl_lr: float = 1e-5,
+    eval_tasks: int = 100,
+    report_dir: str | None = None,
 ) -> dict[str, Any]:
     """Compress the input trajectories with the LoGiC cover, then train on them; returns the summary.
     `stages` limits what runs (default: all of ingest, validate, score, decide, sft, sample, rl,
@@ -89,4 +97,40 @@ def race_pipeline(
     summary["objects"] = {"rejects": ingested["objects"]["rejects"], "decisions": scored["objects"]["decisions"],
                           "compressed": decided["objects"]["compressed"]}
     logger.info("cover: %s", summary["cover"])
+
+    policy_folder, policy_digest = None, model_digest
+    if "sft" in stages:
+        sft_config = {"epochs": sft_epochs, "steps": sft_steps, "lr": sft_lr, "seed": seed}
+        tuned = timed("sft", t.sft_task, store, decided["objects"]["compressed"], checkpoint, model_digest, sft_config)
+        policy_folder, policy_digest = tuned["objects"]["checkpoint"], tuned["policy_digest"]
+        summary["objects"]["sft_checkpoint"] = policy_folder
+    after_sft = (policy_folder, policy_digest)
+    rl_ran = False
+    if policy_folder and ("sample" in stages or "rl" in stages):
+        rl_config = {"tasks_per_iteration": rl_tasks, "group_size": rl_group_size, "lr": rl_lr,
+                     "epsilon": epsilon, "seed": seed}
+        for iteration in range(rl_iterations):
+            sampled = timed(f"sample_{iteration}", t.sample_task, store, policy_folder, policy_digest, rl_config,
+                            iteration)
+            if "rl" not in stages:
+                break
+            updated = timed(f"rl_{iteration}", t.rl_task, store, policy_folder, policy_digest,
+                            sampled["objects"]["rollouts"], rl_config)
+            policy_folder, policy_digest = updated["objects"]["checkpoint"], updated["policy_digest"]
+            summary.setdefault("rl", []).append(updated["metrics"])
+            rl_ran = True
+        summary["objects"]["rl_checkpoint"] = policy_folder
+    if "evaluate" in stages:
+        summary["eval"] = {}
+        points = [("before", checkpoint, None, model_digest)]
+        if after_sft[0]:
+            points.append(("after_sft", None, *after_sft))
+        if rl_ran:  # (an update with all-equal rewards has no gradient: the same checkpoint)
+            points.append(("after_rl", None, policy_folder, policy_digest))
+        for label, local, folder, digest in points:
+            evaluated = timed(f"evaluate_{label}", t.evaluate_task, store, local, folder, digest, eval_tasks, seed,
+                              label)
+            summary["eval"][label] = evaluated["metrics"]
+    if report_dir:
+        t.report_task(store, summary, report_dir, epsilon)
     return summary

@@ -4,4 +4,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 RACE_VLLM=${RACE_VLLM:-0} bash scripts/setup.sh
 export PREFECT_SERVER_ANALYTICS_ENABLED=false TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
-exec "${RACE_VENV:-.venv}/bin/race" cover --out runs/demo "$@"
+exec "${RACE_VENV:-.venv}/bin/race" demo "$@"

@@ -14,11 +14,16 @@ from collections.abc import Callable
 from typing import Any
 
 from prefect import get_run_logger, task
-from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
+from prefect.artifacts import (
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
 from prefect.cache_policies import NO_CACHE
 
 from storage import ArtifactStore
-from tasks import stages
+from tasks import stages, training_stages
 
 RETRIES = int(os.environ.get("RACE_TASK_RETRIES", "2"))
 RETRY_DELAY_S = float(os.environ.get("RACE_RETRY_DELAY_S", "5"))
@@ -88,7 +93,7 @@ def validate_task(ingest_manifest: dict[str, Any], strict: bool) -> dict[str, An
 @task(name="score", retries=RETRIES, retry_delay_seconds=RETRY_DELAY_S, tags=["gpu"], cache_policy=NO_CACHE)
 def score_task(store_url: str, trajectories_digest: str, trajectory_count: int, checkpoint: str,
                model_digest: str, config: dict[str, Any], device: str = "cpu", batch_size: int = 16,
-               shard_size: int = 256) -> dict[str, Any]:
+               shard_size: int = 64) -> dict[str, Any]:
     log = _logger_fn()
     progress_id = create_progress_artifact(0.0, key="race-score-progress", description="LoGiC cover progress")
 
@@ -128,3 +133,68 @@ def record_part_task(store_url: str, compressed_digest: str, ids: list[str], mod
                      config: dict[str, Any]) -> dict[str, Any]:
     return stages.record_part(ArtifactStore(store_url), compressed_digest, ids, model_digest,
                               stages.CoverConfig(**config))
+
+
+# -- training stages ---------------------------------------------------------------------------
+@task(name="sft", retries=RETRIES, retry_delay_seconds=RETRY_DELAY_S, tags=["gpu"], cache_policy=NO_CACHE)
+def sft_task(store_url: str, compressed_digest: str, base_checkpoint: str, base_digest: str,
+             config: dict[str, Any]) -> dict[str, Any]:
+    from race_core.train.sft import SFTConfig
+
+    manifest = training_stages.sft(ArtifactStore(store_url), compressed_digest, base_checkpoint, base_digest,
+                                   SFTConfig(**config), log=_logger_fn())
+    publish_summary("sft", manifest)
+    return manifest
+
+
+@task(name="sample", retries=RETRIES, retry_delay_seconds=RETRY_DELAY_S, tags=["gpu"], cache_policy=NO_CACHE)
+def sample_task(store_url: str, policy_folder: str, policy_digest: str, config: dict[str, Any],
+                iteration: int) -> dict[str, Any]:
+    manifest = training_stages.sample(ArtifactStore(store_url), policy_folder, policy_digest, _rl_config(config),
+                                      iteration, log=_logger_fn())
+    publish_summary("sample", manifest)
+    return manifest
+
+
+@task(name="rl", retries=RETRIES, retry_delay_seconds=RETRY_DELAY_S, tags=["gpu"], cache_policy=NO_CACHE)
+def rl_task(store_url: str, policy_folder: str, policy_digest: str, rollouts_digest: str,
+            config: dict[str, Any]) -> dict[str, Any]:
+    manifest = training_stages.rl(ArtifactStore(store_url), policy_folder, policy_digest, rollouts_digest,
+                                  _rl_config(config), log=_logger_fn())
+    publish_summary("rl", manifest)
+    return manifest
+
+
+@task(name="evaluate", retries=RETRIES, retry_delay_seconds=RETRY_DELAY_S, tags=["gpu"], cache_policy=NO_CACHE)
+def evaluate_task(store_url: str, checkpoint: str | None, policy_folder: str | None, policy_digest: str,
+                  tasks: int, seed: int, label: str) -> dict[str, Any]:
+    store = ArtifactStore(store_url)
+    local = checkpoint or training_stages.materialize(store, policy_folder)
+    manifest = training_stages.evaluate(store, local, policy_digest, tasks, seed, log=_logger_fn(), label=label)
+    publish_summary(f"evaluate-{label.replace('_', '-')}", manifest)
+    return manifest
+
+
+def _rl_config(config: dict[str, Any]):
+    from race_core.train.rl import RLConfig
+
+    return RLConfig(**config)
+
+
+@task(name="report", retries=RETRIES, retry_delay_seconds=RETRY_DELAY_S, cache_policy=NO_CACHE)
+def report_task(store_url: str, summary: dict[str, Any], report_dir: str, epsilon: float) -> dict[str, str]:
+    """report.md, plots and summary.json in `report_dir`, also attached to the flow run."""
+    from storage import read_dataset_from_store
+    from tasks.report import write_report
+
+    store = ArtifactStore(store_url)
+    decisions_digest = summary.get("objects", {}).get("decisions")
+    decisions = read_dataset_from_store(store, decisions_digest, "decisions") if decisions_digest else None
+    written = write_report(report_dir, summary, decisions, epsilon)
+    create_markdown_artifact(key="race-report", markdown=written["report"].read_text(),
+                             description=f"RACE report ({report_dir})")
+    evals = summary.get("eval", {})
+    if evals:
+        create_table_artifact(key="race-eval", table=[{"stage": k, **v} for k, v in evals.items()],
+                              description="held-out evaluation by stage")
+    return {k: str(v) for k, v in written.items()}

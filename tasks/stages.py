@@ -176,7 +176,7 @@ class ScoringResources:
 
     device: str = "cpu"
     batch_size: int = 16
-    shard_size: int = 256
+    shard_size: int = 64  # the scorer keeps 2-3 KV copies per trajectory of a shard
 
 
 def score(store: ArtifactStore, trajectories_digest: str, checkpoint: str, model_digest: str,

@@ -48,3 +48,12 @@ def demo_inputs(tmp_path):
     from flows.cover_job import demo_inputs
 
     return demo_inputs(tmp_path / "home", n=8, seed=11)
+
+
+@pytest.fixture(scope="session")
+def smoke_policy(tmp_path_factory):
+    """The TINY model fitted for a few seconds to expert episodes of 4 one-operation tasks: it
+    follows the turn format and stops, so episodes stay short (not a capable policy)."""
+    from race_core.train.bootstrap import SMOKE, ensure_bootstrap
+
+    return ensure_bootstrap(tmp_path_factory.mktemp("smoke"), SMOKE).checkpoint

@@ -1,0 +1,139 @@
+"""The run report: `summary.json`, `report.md` and PNG plots, written into one folder.
+
+Plots: reasoning tokens per episode and success rate by stage (before / after SFT / after RL),
+deletion rate by turn index, and the distribution of the cover's likelihood drops against ε.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+EVAL_STAGES = ("before", "after_sft", "after_rl")
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_eval_by_stage(evals: dict[str, dict[str, float]], path: Path) -> Path | None:
+    stages = [s for s in EVAL_STAGES if s in evals]
+    if not stages:
+        return None
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
+    tokens = [evals[s]["reasoning_tokens_per_episode"] for s in stages]
+    success = [100 * evals[s]["success_rate"] for s in stages]
+    left.bar(stages, tokens, color="#4C72B0")
+    left.set_title("reasoning tokens per episode")
+    right.bar(stages, success, color="#55A868")
+    right.set_ylim(0, 100)
+    right.set_title("success rate (%)")
+    for ax, values, fmt in ((left, tokens, "{:.1f}"), (right, success, "{:.0f}%")):
+        for x, v in enumerate(values):
+            ax.annotate(fmt.format(v), (x, v), ha="center", va="bottom")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_deletion_rate_by_turn(decisions: pd.DataFrame, path: Path) -> Path | None:
+    scored = decisions[~decisions["skipped_empty"]]
+    if scored.empty:
+        return None
+    rate = scored.groupby("turn")["accepted"].agg(["mean", "size"])
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.bar(rate.index.astype(int), 100 * rate["mean"], color="#C44E52")
+    for turn, row in rate.iterrows():
+        ax.annotate(f"n={int(row['size'])}", (turn, 100 * row["mean"]), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(rate.index.astype(int))
+    ax.set_xlabel("turn index")
+    ax.set_ylabel("reasoning removed (%)")
+    ax.set_ylim(0, 105)
+    ax.set_title("deletion rate by turn")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_likelihood_drops(decisions: pd.DataFrame, epsilon: float, path: Path) -> Path | None:
+    drops = decisions["max_drop"].dropna()
+    if drops.empty:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.hist(drops, bins=40, color="#8172B2")
+    ax.axvline(epsilon, color="black", linestyle="--", label=f"ε = {epsilon:g}")
+    ax.set_xlabel("max drop of a later action's mean log-likelihood (d)")
+    ax.set_ylabel("candidates")
+    ax.set_title("likelihood drops of candidate removals")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_report(out_dir: str | Path, summary: dict[str, Any], decisions: pd.DataFrame | None = None,
+                 epsilon: float | None = None) -> dict[str, Path]:
+    """Write summary.json, report.md and the plots; return the paths written."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written: dict[str, Path] = {}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    written["summary"] = out / "summary.json"
+    plots = {
+        "eval_by_stage": plot_eval_by_stage(summary.get("eval", {}), out / "eval_by_stage.png"),
+    }
+    if decisions is not None and len(decisions):
+        eps = epsilon if epsilon is not None else float(decisions["epsilon"].iloc[0])
+        plots["deletion_rate_by_turn"] = plot_deletion_rate_by_turn(decisions, out / "deletion_rate_by_turn.png")
+        plots["likelihood_drops"] = plot_likelihood_drops(decisions, eps, out / "likelihood_drops.png")
+    written.update({k: v for k, v in plots.items() if v is not None})
+    (out / "report.md").write_text(render_markdown(summary, {k: v.name for k, v in written.items() if k != "summary"}))
+    written["report"] = out / "report.md"
+    return written
+
+
+def render_markdown(summary: dict[str, Any], images: dict[str, str]) -> str:
+    lines = ["# RACE run report", ""]
+    run = summary.get("run", {})
+    if run:
+        lines += ["| run | |", "|---|---|"] + [f"| {k} | `{v}` |" for k, v in run.items()] + [""]
+    cover = summary.get("cover")
+    if cover:
+        before, after = cover.get("reasoning_tokens_before", 0), cover.get("reasoning_tokens_after", 0)
+        cut = 100 * (1 - after / before) if before else 0.0
+        lines += ["## Cover (LoGiC)", "",
+                  f"- trajectories ingested: {summary.get('trajectories', {}).get('ingested')}, "
+                  f"rejected lines: {summary.get('trajectories', {}).get('rejected')}",
+                  f"- candidate turns scored: {cover.get('candidates')}, reasoning removed in: {cover.get('removed')}",
+                  f"- reasoning tokens: {before} -> {after} ({cut:.1f}% fewer)", ""]
+    evals = summary.get("eval", {})
+    if evals:
+        lines += ["## Held-out evaluation", "", "| stage | success rate | reasoning tokens / episode |",
+                  "|---|---|---|"]
+        lines += [f"| {s} | {100 * evals[s]['success_rate']:.1f}% | {evals[s]['reasoning_tokens_per_episode']:.1f} |"
+                  for s in EVAL_STAGES if s in evals]
+        lines.append("")
+    stages = summary.get("stages", {})
+    if stages:
+        lines += ["## Stages", "", "| stage | cached | wall s |", "|---|---|---|"]
+        lines += [f"| {name} | {'yes' if s['cached'] else 'no'} | {s['wall_s']:.1f} |" for name, s in stages.items()]
+        lines.append("")
+    titles = {"eval_by_stage": "Reasoning and success by stage", "deletion_rate_by_turn": "Deletion rate by turn",
+              "likelihood_drops": "Likelihood drops"}
+    for key, name in images.items():
+        lines += [f"## {titles.get(key, key)}", "", f"![{key}]({name})", ""]
+    return "\n".join(lines)

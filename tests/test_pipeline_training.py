@@ -1,0 +1,93 @@
+"""The whole pipeline with its training half: a rerun computes nothing; a run killed during SFT
+resumes without recomputing the cover and ends with the same digests as a clean run."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from flows.pipeline import race_pipeline
+from race_core.scoring.hf import HFScorer
+from race_core.train import sft as sft_module
+
+SMALL = dict(sft_steps=4, sft_lr=1e-3, rl_tasks=2, rl_group_size=2, rl_lr=1e-4, eval_tasks=2, rl_iterations=1)
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Spies on the real scorer and trainer (they still run): how often each was asked to work."""
+    counts = {"score": 0, "sft": 0}
+    real_score, real_sft = HFScorer.score, sft_module.train_sft
+
+    def score(self, requests):
+        counts["score"] += 1
+        return real_score(self, requests)
+
+    def train(*args, **kwargs):
+        counts["sft"] += 1
+        return real_sft(*args, **kwargs)
+
+    monkeypatch.setattr(HFScorer, "score", score)
+    monkeypatch.setattr(sft_module, "train_sft", train)
+    return counts
+
+
+def test_whole_pipeline_twice_second_run_computes_nothing(prefect_harness, smoke_policy, demo_inputs, tmp_path,
+                                                           calls, monkeypatch):
+    monkeypatch.setenv("RACE_CHECKPOINT_CACHE", str(tmp_path / "cache"))
+    params = dict(inputs=demo_inputs, checkpoint=str(smoke_policy), store=str(tmp_path / "store"),
+                  report_dir=str(tmp_path / "report"), **SMALL)
+    first = race_pipeline(**params)
+    assert calls["score"] > 0 and calls["sft"] == 1
+    assert set(first["eval"]) == {"before", "after_sft", "after_rl"}
+    assert set(first["stages"]) >= {"ingest", "score", "decide", "sft", "sample_0", "rl_0", "evaluate_before",
+                                    "evaluate_after_sft", "evaluate_after_rl"}
+    for name in ("report.md", "summary.json", "eval_by_stage.png"):
+        assert (tmp_path / "report" / name).exists()
+    calls.update(score=0, sft=0)
+    second = race_pipeline(**params)
+    assert calls == {"score": 0, "sft": 0}
+    assert all(stage["cached"] for stage in second["stages"].values()), second["stages"]
+    assert second["objects"] == first["objects"] and second["eval"] == first["eval"]
+
+
+def _race_run(args, env, **kwargs):
+    return subprocess.Popen([sys.executable, "-m", "flows.cli", "run", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True, **kwargs)
+
+
+def test_killed_during_sft_resumes_without_recomputing_the_cover(tiny_checkpoint, demo_inputs, tmp_path):
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "RACE_CHECKPOINT_CACHE": str(tmp_path / "c")}
+    env.pop("PREFECT_API_URL", None)
+    stages = ["ingest", "validate", "score", "decide", "sft"]
+    common = ["--input", *demo_inputs, "--checkpoint", str(tiny_checkpoint), "--stages", *stages,
+              "--sft-steps", "400", "--sft-lr", "1e-3"]
+
+    run = _race_run([*common, "--store", str(tmp_path / "store")], env)
+    seen = []
+    deadline = time.monotonic() + 300
+    for line in run.stdout:
+        seen.append(line)
+        if "sft: step" in line:
+            os.killpg(run.pid, signal.SIGKILL)  # the whole process group, its Prefect server too
+            break
+        assert time.monotonic() < deadline, "".join(seen[-30:])
+    run.wait(30)
+    assert run.returncode == -signal.SIGKILL, "".join(seen[-30:])
+
+    resumed = subprocess.run([sys.executable, "-m", "flows.cli", "run", *common, "--store", str(tmp_path / "store")],
+                             env=env, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    summary = json.loads(resumed.stdout[resumed.stdout.index("{\n"):])
+    cached = {name: stage["cached"] for name, stage in summary["stages"].items()}
+    assert cached == {"ingest": True, "score": True, "decide": True, "sft": False}
+
+    clean = subprocess.run([sys.executable, "-m", "flows.cli", "run", *common, "--store", str(tmp_path / "clean")],
+                           env=env, capture_output=True, text=True, timeout=600)
+    assert clean.returncode == 0, clean.stderr[-3000:]
+    clean_summary = json.loads(clean.stdout[clean.stdout.index("{\n"):])
+    assert summary["objects"] == clean_summary["objects"]  # rejects, decisions, compressed, SFT checkpoint
