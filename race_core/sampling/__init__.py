@@ -30,6 +30,16 @@ class Sample:
     finish_reason: str  # "stop" (end of the assistant turn) or "length"
 
 
+def sample_until_stop(ids: Sequence[int], logprobs: Sequence[float], stop_ids: Sequence[int], tokenizer) -> Sample:
+    """A Sample cut after the first stop token (kept), or the whole generation if none came."""
+    end = next((i + 1 for i, tok in enumerate(ids) if tok in stop_ids), None)
+    finish = "stop" if end is not None else "length"
+    end = end if end is not None else len(ids)
+    kept = list(ids[:end])
+    return Sample(token_ids=tuple(kept), logprobs=tuple(float(x) for x in logprobs[:end]),
+                  text=tokenizer.decode(kept, skip_special_tokens=False), finish_reason=finish)
+
+
 @runtime_checkable
 class Sampler(Protocol):
     name: str

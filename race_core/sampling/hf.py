@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 
 from race_core.render import Renderer
-from race_core.sampling import Sample, SamplingParams
+from race_core.sampling import Sample, SamplingParams, sample_until_stop
 
 
 def stop_token_ids(tokenizer, renderer: Renderer) -> tuple[int, ...]:
@@ -86,9 +86,4 @@ class HFSampler:
         return results
 
     def _sample(self, ids: list[int], logprobs: list[float]) -> Sample:
-        end = next((i + 1 for i, tok in enumerate(ids) if tok in self.stop_ids), None)
-        finish = "stop" if end is not None else "length"
-        end = end if end is not None else len(ids)
-        ids, logprobs = ids[:end], logprobs[:end]
-        return Sample(token_ids=tuple(ids), logprobs=tuple(logprobs),
-                      text=self.tokenizer.decode(ids, skip_special_tokens=False), finish_reason=finish)
+        return sample_until_stop(ids, logprobs, self.stop_ids, self.tokenizer)

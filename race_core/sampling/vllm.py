@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from race_core.render import Renderer
-from race_core.sampling import Sample, SamplingParams
+from race_core.sampling import Sample, SamplingParams, sample_until_stop
 from race_core.sampling.hf import stop_token_ids
 from race_core.vllm_engine import build_engine, require_vllm, shutdown_engine
 
@@ -95,9 +95,4 @@ class VLLMSampler:
     def _sample(self, completion) -> Sample:
         ids = list(completion.token_ids)
         logprobs = [float(entries[tok].logprob) for tok, entries in zip(ids, completion.logprobs, strict=True)]
-        end = next((i + 1 for i, tok in enumerate(ids) if tok in self.stop_ids), None)
-        finish = "stop" if end is not None else "length"
-        end = end if end is not None else len(ids)
-        ids, logprobs = ids[:end], logprobs[:end]
-        return Sample(token_ids=tuple(ids), logprobs=tuple(logprobs),
-                      text=self.tokenizer.decode(ids, skip_special_tokens=False), finish_reason=finish)
+        return sample_until_stop(ids, logprobs, self.stop_ids, self.tokenizer)
