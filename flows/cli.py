@@ -78,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--home", default=str(DEFAULT_HOME), help="checkpoints, data and the store (cached)")
     p.add_argument("--out", default="runs/demo", help="the report lands in OUT/report")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--epsilon", type=float, default=0.02, help="cover tolerance (demo default 0.02)")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("report", help="rebuild report.md and the plots from summary.json")
@@ -179,7 +180,7 @@ def cmd_demo(args) -> int:
     _prefect_defaults()
     from flows.demo import race_demo
 
-    summary = race_demo(home=args.home, out=args.out, seed=args.seed)
+    summary = race_demo(home=args.home, out=args.out, seed=args.seed, epsilon=args.epsilon)
     report = Path(args.out) / "report"
     evals = summary.get("eval", {})
     print(json.dumps({"stages": summary["stages"], "cover": summary.get("cover"), "eval": evals}, indent=2))

@@ -62,7 +62,12 @@ def test_served_deployments_run_from_the_api(prefect_server, tiny_checkpoint, de
     serve = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve", "--checkpoint", str(tiny_checkpoint),
                               "--store", store, "--inbox", str(tmp_path / "inbox" / "*.jsonl")],
                              env=env, stdout=log, stderr=subprocess.STDOUT, cwd=os.getcwd())
-    os.environ["PREFECT_API_URL"] = api
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    # The session's test harness (if another test started it) points this process at its own
+    # server; talk to ours explicitly.
+    settings = temporary_settings({PREFECT_API_URL: api})
+    settings.__enter__()
     try:
         from prefect.client.orchestration import get_client
         from prefect.deployments import run_deployment
@@ -91,7 +96,7 @@ def test_served_deployments_run_from_the_api(prefect_server, tiny_checkpoint, de
         assert run.state.is_completed(), (run.state, (tmp_path / "serve.log").read_text()[-3000:])
         assert any(True for _ in (tmp_path / "store" / "stages" / "decide").glob("*.json"))
     finally:
-        os.environ.pop("PREFECT_API_URL", None)
+        settings.__exit__(None, None, None)
         serve.terminate()
         serve.wait(30)
         log.close()

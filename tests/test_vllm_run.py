@@ -1,0 +1,45 @@
+"""`race run --backend vllm` and `--backend hf` on the same demo-sized input: their decisions
+Parquet files agree row for row on the accepted flags (runs only where vllm is importable)."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from storage import ArtifactStore, read_dataset_from_store
+
+pytestmark = [pytest.mark.vllm,
+              pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")]
+
+
+def race_run(backend, inputs, checkpoint, store, home):
+    env = {**os.environ, "PREFECT_HOME": str(home), "VLLM_CPU_KVCACHE_SPACE": os.environ.get(
+        "VLLM_CPU_KVCACHE_SPACE", "1")}
+    env.pop("PREFECT_API_URL", None)
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "run", "--input", *inputs, "--checkpoint",
+                           str(checkpoint), "--store", str(store), "--backend", backend, "--stages", "ingest",
+                           "validate", "score", "decide"], env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    return json.loads(done.stdout[done.stdout.index("{\n"):])
+
+
+def test_vllm_and_hf_runs_make_the_same_decisions(tiny_checkpoint, tmp_path):
+    from flows.cover_job import demo_inputs
+
+    inputs = demo_inputs(tmp_path / "home")  # the demo-sized calculator dataset of `race cover`
+    hf = race_run("hf", inputs, tiny_checkpoint, tmp_path / "store", tmp_path / "prefect")
+    vllm = race_run("vllm", inputs, tiny_checkpoint, tmp_path / "store", tmp_path / "prefect")
+    store = ArtifactStore(str(tmp_path / "store"))
+    a = read_dataset_from_store(store, hf["objects"]["decisions"], "decisions")
+    b = read_dataset_from_store(store, vllm["objects"]["decisions"], "decisions")
+    assert hf["objects"]["decisions"] != vllm["objects"]["decisions"]  # two real runs (backend column differs)
+    assert set(a["backend"]) == {"hf"} and set(b["backend"]) == {"vllm"}
+    key = ["trajectory_id", "turn"]
+    a, b = a.sort_values(key).reset_index(drop=True), b.sort_values(key).reset_index(drop=True)
+    assert len(a) == len(b) > 0
+    assert (a[key] == b[key]).all().all()
+    assert list(a["accepted"]) == list(b["accepted"])
+    assert 0 < a["accepted"].sum() < len(a)  # mixed decisions: the comparison can fail
