@@ -43,25 +43,3 @@ def decision_rows(results: Iterable[CoverResult], renderer: Renderer, ctx: Cover
                 "model_digest": ctx.model_digest,
                 "backend": ctx.backend,
             }
-
-
-def compressed_fields(result: CoverResult, renderer: Renderer, ctx: CoverContext) -> dict[str, Any]:
-    """The cover's additions to a compressed trajectory's row."""
-    return {
-        "skipped_turns": list(result.skipped_turns),
-        "reasoning_tokens_before": reasoning_tokens(renderer, result.original),
-        "reasoning_tokens_after": reasoning_tokens(renderer, result.trajectory),
-        "model_digest": ctx.model_digest,
-        "epsilon": ctx.epsilon,
-    }
-
-
-def summarize(results: list[CoverResult], renderer: Renderer) -> dict[str, int]:
-    """Counts for reports: candidates scored, removals, reasoning tokens before/after."""
-    return {
-        "trajectories": len(results),
-        "candidates": sum(1 for r in results for e in r.audit if not e["skipped_empty"]),
-        "removed": sum(len(r.skipped_turns) for r in results),
-        "reasoning_tokens_before": sum(reasoning_tokens(renderer, r.original) for r in results),
-        "reasoning_tokens_after": sum(reasoning_tokens(renderer, r.trajectory) for r in results),
-    }
