@@ -20,11 +20,13 @@ def plain_action_means(model, renderer, trajectory):
 
 @pytest.mark.parametrize("prefix_reuse", [True, False])
 @pytest.mark.parametrize("batch_size", [1, 7])
+@pytest.mark.parametrize("chunk_tokens", [0, 5, 128])  # 5: many chunks, padding inside chunks
 def test_scorer_equals_plain_forward_over_cover_like_rounds(tiny_policy, expert_trajectories, prefix_reuse,
-                                                           batch_size):
+                                                           batch_size, chunk_tokens):
     model, tokenizer = tiny_policy
     renderer = Renderer(tokenizer)
-    scorer = HFScorer(model, tokenizer, batch_size=batch_size, prefix_reuse=prefix_reuse)
+    scorer = HFScorer(model, tokenizer, batch_size=batch_size, prefix_reuse=prefix_reuse,
+                      chunk_tokens=chunk_tokens)
     trajectories = list(expert_trajectories[:9])
     current = {i: t for i, t in enumerate(trajectories)}
     requests = [ScoreRequest(i, t) for i, t in current.items()]

@@ -10,6 +10,12 @@ the removed reasoning on is fed. Keys must be unique within one `score` call.
 In a batch, cached prefixes are left-padded to a common length and new tokens right-padded; the
 attention mask hides both paddings and position ids are given explicitly, so each row computes what
 it would alone (up to float summation order, which `measure_noise` reports).
+
+New tokens are fed in chunks of `chunk_tokens` (chunked prefill). With a cache and padding the
+attention runs under an explicit mask, which cannot skip the causal upper triangle: one long chunk
+computes (and materializes a mask for) the whole new × new square, chunks only their own small
+triangles. On the 20M benchmark model (N = 16, T = 16, batch 16) the cover took 101.7 s unchunked,
+87.3 s with chunks of 512, 84.3 s with 256, 81.2 s with 128 and 91.1 s with 64 (per-call overhead).
 """
 
 from __future__ import annotations
@@ -60,13 +66,16 @@ class HFScorer:
     name = "hf"
 
     def __init__(self, model, tokenizer, *, batch_size: int = 8, prefix_reuse: bool = True,
-                 renderer: Renderer | None = None, max_batch_tokens: int = 65536):
+                 renderer: Renderer | None = None, max_batch_tokens: int = 65536, chunk_tokens: int = 128):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.renderer = renderer or Renderer(tokenizer)
         self.batch_size = batch_size
         self.prefix_reuse = prefix_reuse
         self.max_batch_tokens = max_batch_tokens
+        if chunk_tokens < 0:
+            raise ValueError(f"chunk_tokens must be >= 0 (0 = feed all new tokens at once), got {chunk_tokens}")
+        self.chunk_tokens = chunk_tokens
         self.device = next(model.parameters()).device
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.stats = ScorerStats()
@@ -169,11 +178,18 @@ class HFScorer:
             positions[b] = torch.arange(c, c + new_len)
         cache = self._batched_cache(reusable, past_len)
         decoder = self.model.get_decoder()
-        out = decoder(
-            input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
-            position_ids=positions.to(self.device), past_key_values=cache, use_cache=self.prefix_reuse,
-        )
-        hidden = out.last_hidden_state
+        # Chunks need the cache to carry keys/values from one chunk to the next.
+        step = self.chunk_tokens if self.chunk_tokens and self.prefix_reuse else new_len
+        hidden_chunks = []
+        for s in range(0, new_len, step):
+            e = min(s + step, new_len)
+            out = decoder(
+                input_ids=input_ids[:, s:e].to(self.device), attention_mask=attention[:, : past_len + e].to(self.device),
+                position_ids=positions[:, s:e].to(self.device), past_key_values=cache, use_cache=self.prefix_reuse,
+            )
+            cache = out.past_key_values
+            hidden_chunks.append(out.last_hidden_state)
+        hidden = hidden_chunks[0] if len(hidden_chunks) == 1 else torch.cat(hidden_chunks, dim=1)
 
         # Gather the hidden states that predict action tokens, then one lm_head over only those.
         rows_idx, cols_idx, targets, owners = [], [], [], []
@@ -198,7 +214,7 @@ class HFScorer:
         self.stats.tokens_processed += sum(e - c for e, c in zip(ends, reuse, strict=True))
         self.stats.tokens_reused += sum(reuse)
         if self.prefix_reuse:
-            self._keep_prefixes(requests, rendered, reuse, past_len, out.past_key_values)
+            self._keep_prefixes(requests, rendered, reuse, past_len, cache)
         return scores
 
     def _batched_cache(self, reusable: list[tuple[_Prefix | None, int]], past_len: int):
