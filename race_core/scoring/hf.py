@@ -178,13 +178,17 @@ class HFScorer:
             positions[b] = torch.arange(c, c + new_len)
         cache = self._batched_cache(reusable, past_len)
         decoder = self.model.get_decoder()
-        # Chunks need the cache to carry keys/values from one chunk to the next.
-        step = self.chunk_tokens if self.chunk_tokens and self.prefix_reuse else new_len
+        # Nothing cached: only right padding, which no real token attends to under the causal mask,
+        # so one call without a padding mask takes SDPA's causal kernel (it skips the upper
+        # triangle). Otherwise chunks; they need the cache to carry keys/values between them.
+        causal_only = past_len == 0
+        step = self.chunk_tokens if self.chunk_tokens and self.prefix_reuse and not causal_only else new_len
         hidden_chunks = []
         for s in range(0, new_len, step):
             e = min(s + step, new_len)
+            mask = None if causal_only else attention[:, : past_len + e].to(self.device)
             out = decoder(
-                input_ids=input_ids[:, s:e].to(self.device), attention_mask=attention[:, : past_len + e].to(self.device),
+                input_ids=input_ids[:, s:e].to(self.device), attention_mask=mask,
                 position_ids=positions[:, s:e].to(self.device), past_key_values=cache, use_cache=self.prefix_reuse,
             )
             cache = out.past_key_values
