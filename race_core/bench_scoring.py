@@ -32,6 +32,7 @@ import sys
 import time
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -211,6 +212,16 @@ def run_method(name: str, scorer: Scorer, trajectories: Sequence[Trajectory], n_
                      len(trajectories), results)
 
 
+def warm_hf_scorers(model, tokenizer, renderer: Renderer, trajectories: Sequence[Trajectory]):
+    """A factory of HF scorers that share `renderer`, whose segment-token cache is filled here (a
+    candidate's segments are its trajectory's): no timed method pays the tokenizer for another."""
+    from race_core.scoring.hf import HFScorer
+
+    for trajectory in trajectories:
+        renderer.render(trajectory)
+    return partial(HFScorer, model, tokenizer, renderer=renderer)
+
+
 def check_identical(reference: Sequence[CoverResult], run: MethodRun) -> None:
     if decisions(reference[:run.measured_on]) != decisions(run.results):
         raise AssertionError(f"method {run.name!r} made different decisions than the reference")
@@ -249,7 +260,6 @@ def checkpoint_for(model: str, cache_dir: str) -> Path:
 def bench_one(model_name: str, checkpoint: Path, model, tokenizer, workload: Workload, options: BenchOptions,
               log: Callable[[str], None]) -> dict[str, Any]:
     """All methods on one (model, workload); returns the run's JSON record."""
-    from race_core.scoring.hf import HFScorer
 
     renderer = Renderer(tokenizer)
     trajectories = synthetic_trajectories(renderer, workload)
@@ -259,28 +269,21 @@ def bench_one(model_name: str, checkpoint: Path, model, tokenizer, workload: Wor
         f"({cpu_throughput:,.0f} per CPU s)")
 
     # Warm-up, not timed: the first calls through each code path (cache, masks) pay one-off costs.
-    # Every method shares one renderer, whose segment-token cache is filled here (a candidate's
-    # segments are its trajectory's), so no method pays the tokenizer for the others.
-    for trajectory in trajectories:
-        renderer.render(trajectory)
+    scorer = warm_hf_scorers(model, tokenizer, renderer, trajectories)
     short = [replace(t, turns=t.turns[:3]) for t in trajectories[:2]]
-    logic_cover(short, HFScorer(model, tokenizer, batch_size=options.batch_size, renderer=renderer), options.epsilon)
-    logic_cover(short[:1], HFScorer(model, tokenizer, batch_size=1, prefix_reuse=False, renderer=renderer),
-                options.epsilon)
+    logic_cover(short, scorer(batch_size=options.batch_size), options.epsilon)
+    logic_cover(short[:1], scorer(batch_size=1, prefix_reuse=False), options.epsilon)
 
     runs: list[MethodRun] = []
-    hf = HFScorer(model, tokenizer, batch_size=options.batch_size, renderer=renderer)
-    runs.append(run_method("hf", hf, trajectories, n, options.epsilon))
+    runs.append(run_method("hf", scorer(batch_size=options.batch_size), trajectories, n, options.epsilon))
     reference = runs[0].results
     log(f"[{model_name} T={workload.turns}] hf {runs[-1].wall_s:.2f}s")
     if options.early_reject:
-        early = run_method("hf+early-reject",
-                           HFScorer(model, tokenizer, batch_size=options.batch_size, renderer=renderer),
+        early = run_method("hf+early-reject", scorer(batch_size=options.batch_size),
                            trajectories, n, options.epsilon, early_reject=True)
         runs.append(early)
     k = options.full_forward_subset or n
-    runs.append(run_method("full-forward",
-                           HFScorer(model, tokenizer, batch_size=1, prefix_reuse=False, renderer=renderer),
+    runs.append(run_method("full-forward", scorer(batch_size=1, prefix_reuse=False),
                            trajectories[:k], n, options.epsilon))
     log(f"[{model_name} T={workload.turns}] full-forward {runs[-1].wall_s:.2f}s")
     k = options.naive_subset or n
@@ -340,13 +343,13 @@ def _vllm_run(checkpoint: Path, trajectories: Sequence[Trajectory], n: int, opti
 def demo_early_reject(checkpoint: Path, model, tokenizer, options: BenchOptions, seed: int = 0) -> dict[str, Any]:
     """hf with and without early rejection on the demo's calculator data (expert_dataset)."""
     from race_core.envs.expert import expert_dataset
-    from race_core.scoring.hf import HFScorer
 
     trajectories = expert_dataset(options.demo_data, seed=seed)
     renderer = Renderer(tokenizer)
-    full = run_method("hf", HFScorer(model, tokenizer, batch_size=options.batch_size), trajectories,
+    scorer = warm_hf_scorers(model, tokenizer, renderer, trajectories)
+    full = run_method("hf", scorer(batch_size=options.batch_size), trajectories,
                       len(trajectories), options.epsilon)
-    early = run_method("hf+early-reject", HFScorer(model, tokenizer, batch_size=options.batch_size),
+    early = run_method("hf+early-reject", scorer(batch_size=options.batch_size),
                        trajectories, len(trajectories), options.epsilon, early_reject=True)
     check_identical(full.results, early)
     candidates = sum(1 for r in full.results for a in r.audit if not a["skipped_empty"])

@@ -178,11 +178,11 @@ class HFScorer:
             positions[b] = torch.arange(c, c + new_len)
         cache = self._batched_cache(reusable, past_len)
         decoder = self.model.get_decoder()
-        # Nothing cached: only right padding, which no real token attends to under the causal mask,
-        # so one call without a padding mask takes SDPA's causal kernel (it skips the upper
-        # triangle). Otherwise chunks; they need the cache to carry keys/values between them.
+        # Nothing cached (always so without prefix reuse): only right padding, which no real token
+        # attends to under the causal mask, so one call without a padding mask takes SDPA's causal
+        # kernel (it skips the upper triangle). Otherwise chunks, which the cache links.
         causal_only = past_len == 0
-        step = self.chunk_tokens if self.chunk_tokens and self.prefix_reuse and not causal_only else new_len
+        step = self.chunk_tokens if self.chunk_tokens and not causal_only else new_len
         hidden_chunks = []
         for s in range(0, new_len, step):
             e = min(s + step, new_len)
