@@ -35,18 +35,27 @@ class TinyConfig:
     intermediate_size: int = 128
     max_positions: int = 4096
     chat_template: bool = True
+    # Scripted-expert calculator episodes added to the tokenizer's training text, so that the words
+    # of the environment and the expert become whole tokens (0: the generic text only).
+    corpus_episodes: int = 0
+    # Pre-tokenize runs of digits apart from the rest and let the rest merge across word boundaries:
+    # a number is the same tokens wherever it stands (after a space, '(' or '[', in a question, an
+    # action or an observation), so copying it is a token-for-token copy, and frequent phrases of
+    # the templates become single tokens. False: GPT-2 style byte-level words.
+    split_digits: bool = False
 
 
 TINY = TinyConfig()
 DEMO = TinyConfig(vocab_size=768, hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=4,
-                  intermediate_size=384)
+                  intermediate_size=384, corpus_episodes=1000, split_digits=True)
 BENCH_20M = TinyConfig(vocab_size=8192, hidden_size=384, num_layers=8, num_heads=6, num_kv_heads=6,
                        intermediate_size=1024)
 PRESETS = {"tiny": TINY, "demo": DEMO, "20m": BENCH_20M}
 
 
-def tokenizer_corpus(seed: int, n: int = 3000) -> list[str]:
-    """Deterministic calculator-style text: questions, reasoning, actions, observations."""
+def tokenizer_corpus(seed: int, n: int = 3000, episodes: int = 0) -> list[str]:
+    """Deterministic calculator-style text: questions, reasoning, actions, observations; plus the
+    rendered texts of `episodes` scripted-expert episodes (every turn reasoned) when > 0."""
     rng = random.Random(seed)
     words = ("compute the value first then add subtract multiply divide result so now next step we "
              "need to use calc finish answer is it equals which gives check again and I will this "
@@ -62,22 +71,42 @@ def tokenizer_corpus(seed: int, n: int = 3000) -> list[str]:
         lines.append(f"Compute {expr}. {sentence}.")
         lines.append(f"calc[{a} {rng.choice(ops)} {b}] finish[{rng.randint(-999, 9999)}]")
         lines.append(f"Observation: {rng.randint(-9999, 99999)}")
+    if episodes:
+        lines.extend(_episode_texts(seed, episodes))
+    return lines
+
+
+def _episode_texts(seed: int, n: int) -> list[str]:
+    from race_core.envs.expert import expert_dataset
+    from race_core.render import ACTION_PREFIX, OBSERVATION_PREFIX
+
+    lines = []
+    for trajectory in expert_dataset(n, seed + 7919, empty_reasoning_share=0.0):
+        lines.append(trajectory.question)
+        for turn in trajectory.turns:  # the segments the renderer encodes one by one
+            lines.extend((turn.reasoning, ACTION_PREFIX, turn.action, OBSERVATION_PREFIX + turn.observation))
     return lines
 
 
 def build_tokenizer(config: TinyConfig = TINY):
     """A fast byte-level BPE tokenizer whose decode(encode(x)) == x for any text."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if config.split_digits:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(r"[0-9]+"), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+    else:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=config.vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tok.train_from_iterator(tokenizer_corpus(config.seed), trainer=trainer)
+    tok.train_from_iterator(tokenizer_corpus(config.seed, episodes=config.corpus_episodes), trainer=trainer)
     bos_id = tok.token_to_id("<|bos|>")
     tok.post_processor = processors.TemplateProcessing(
         single="<|bos|> $A", pair="<|bos|> $A <|bos|> $B", special_tokens=[("<|bos|>", bos_id)]
