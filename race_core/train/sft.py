@@ -49,6 +49,7 @@ class SFTConfig:
     warmup_steps: int = 0
     min_lr_ratio: float = 0.1
     max_grad_norm: float = 1.0
+    adam_beta2: float = 0.999  # 0.95 damps the loss spikes of small models at high learning rates
     length_grouping: bool = True  # batch examples of similar length together (less padding)
     lora: bool = False
     lora_r: int = 8
@@ -184,7 +185,8 @@ def train_sft(
 
     trained = _apply_lora(model, config) if config.lora else model
     params = [p for p in trained.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    optimizer = torch.optim.AdamW(params, lr=config.lr, betas=(0.9, config.adam_beta2),
+                                  weight_decay=config.weight_decay)
     micro = _micro_batches([len(e.input_ids) for e in examples], config, generator)
     total_steps = len(micro) // config.grad_accumulation
     device = next(trained.parameters()).device
