@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,15 +41,6 @@ class DemoDefaults:
     rl_lr: float = 2e-5
 
 
-def demo_bootstrap_config():
-    """The bootstrap recipe with more turns that reason (30% empty instead of 60%): a policy that
-    thinks at every turn gives the cover something to decide. (The default recipe, tuned for
-    success, mostly skips reasoning after the first turn already.)"""
-    from race_core.train.bootstrap import BootstrapConfig
-
-    return replace(BootstrapConfig(), empty_reasoning_share=0.3)
-
-
 @task(name="bootstrap", cache_policy=NO_CACHE, retries=1)
 def bootstrap_task(home: str) -> dict[str, Any]:
     """The demo policy: the DEMO tiny model fine-tuned on scripted expert episodes (cached)."""
@@ -62,7 +53,7 @@ def bootstrap_task(home: str) -> dict[str, Any]:
         if step == 1 or step % 50 == 0 or step == total:
             logger.info("bootstrap sft: step %d/%d loss %.4f", step, total, loss)
 
-    result = ensure_bootstrap(Path(home) / "checkpoints", demo_bootstrap_config(), progress=progress)
+    result = ensure_bootstrap(Path(home) / "checkpoints", progress=progress)
     return {"checkpoint": str(result.checkpoint), "cached": result.report is None,
             "wall_s": round(time.perf_counter() - started, 3)}
 
