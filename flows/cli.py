@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--home", default=str(DEFAULT_HOME), help="checkpoints, data and the store (cached)")
     p.add_argument("--out", default="runs/demo", help="the report lands in OUT/report")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--epsilon", type=float, default=0.02, help="cover tolerance (demo default 0.02)")
+    p.add_argument("--epsilon", type=float, default=1e-3, help="cover tolerance")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("report", help="rebuild report.md and the plots from summary.json")
