@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from race_core.cover import DEFAULT_EPSILON
+
 NIGHTLY_CRON = "0 2 * * *"
 
 
@@ -22,7 +24,7 @@ class DeploymentDefaults:
     store: str = ".race/store"
     backend: str = "hf"
     device: str = "cpu"
-    epsilon: float = 1e-3
+    epsilon: float = DEFAULT_EPSILON
     cron: str = NIGHTLY_CRON
     timezone: str = "UTC"
 

@@ -18,13 +18,15 @@ import os
 import sys
 from pathlib import Path
 
+from race_core.cover import DEFAULT_EPSILON
+
 DEFAULT_HOME = Path(".race")
 
 
 def _add_cover_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", nargs="+", help="JSONL trajectory files (default: a generated calculator dataset)")
     p.add_argument("--checkpoint", help="local save_pretrained folder (default: the tiny built-in checkpoint)")
-    p.add_argument("--epsilon", type=float, default=1e-3, help="max allowed drop of an action's mean log-prob")
+    p.add_argument("--epsilon", type=float, default=DEFAULT_EPSILON, help="max allowed drop of an action's mean log-prob")
     p.add_argument("--backend", choices=["hf", "vllm"], default="hf")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32")
@@ -56,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=["hf", "vllm"], default="hf")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--epsilon", type=float, default=1e-3)
+    p.add_argument("--epsilon", type=float, default=DEFAULT_EPSILON)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rl-iterations", type=int, default=1)
     p.add_argument("--stages", nargs="+", help="only these stages (default: all)")
@@ -78,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--home", default=str(DEFAULT_HOME), help="checkpoints, data and the store (cached)")
     p.add_argument("--out", default="runs/demo", help="the report lands in OUT/report")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--epsilon", type=float, default=1e-3, help="cover tolerance")
+    p.add_argument("--epsilon", type=float, default=DEFAULT_EPSILON, help="cover tolerance")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("report", help="rebuild report.md and the plots from summary.json")
@@ -92,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", default=str(DEFAULT_HOME / "checkpoints" / "policy"))
     p.add_argument("--store", default=str(DEFAULT_HOME / "store"))
     p.add_argument("--cron", default="0 2 * * *", help="nightly schedule (UTC)")
-    p.add_argument("--epsilon", type=float, default=1e-3)
+    p.add_argument("--epsilon", type=float, default=DEFAULT_EPSILON)
     p.add_argument("--backend", choices=["hf", "vllm"], default="hf")
     p.add_argument("--device", default="cpu")
     p.set_defaults(func=cmd_serve)

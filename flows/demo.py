@@ -18,6 +18,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.pipeline import race_pipeline
+from race_core.cover import DEFAULT_EPSILON
 from race_core.tiny import checkpoint_digest
 
 
@@ -26,7 +27,7 @@ class DemoDefaults:
     home: str = ".race"
     out: str = "runs/demo"
     seed: int = 0
-    epsilon: float = 1e-3  # the library default (race_core.cover.DEFAULT_EPSILON)
+    epsilon: float = DEFAULT_EPSILON
     input_tasks: int = 64  # training tasks the bootstrap policy plays to make the RACE input
     input_samples: int = 2  # episodes per task
     input_temperature: float = 0.7

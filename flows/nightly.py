@@ -7,6 +7,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
+from race_core.cover import DEFAULT_EPSILON
 from race_core.tiny import checkpoint_digest
 from tasks import pipeline_tasks as t
 from tasks.stages import expand_inputs
@@ -20,7 +21,7 @@ def race_nightly(
     backend: str = "hf",
     device: str = "cpu",
     dtype: str = "float32",
-    epsilon: float = 1e-3,
+    epsilon: float = DEFAULT_EPSILON,
     batch_size: int = 16,
 ) -> dict[str, Any]:
     """Compress what is new in `inbox` (a glob or fsspec URL of JSONL files)."""

@@ -11,6 +11,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
+from race_core.cover import DEFAULT_EPSILON
 from race_core.tiny import checkpoint_digest
 from tasks import pipeline_tasks as t
 
@@ -48,7 +49,7 @@ def race_pipeline(
     backend: str = "hf",
     device: str = "cpu",
     dtype: str = "float32",
-    epsilon: float = 1e-3,
+    epsilon: float = DEFAULT_EPSILON,
     seed: int = 0,
     rl_iterations: int = 1,
     stages: list[str] | None = None,

@@ -260,7 +260,6 @@ def checkpoint_for(model: str, cache_dir: str) -> Path:
 def bench_one(model_name: str, checkpoint: Path, model, tokenizer, workload: Workload, options: BenchOptions,
               log: Callable[[str], None]) -> dict[str, Any]:
     """All methods on one (model, workload); returns the run's JSON record."""
-
     renderer = Renderer(tokenizer)
     trajectories = synthetic_trajectories(renderer, workload)
     n = len(trajectories)

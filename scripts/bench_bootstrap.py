@@ -5,7 +5,7 @@ Target on a 2-core CPU: >= 60% greedy success on 200 held-out tasks within 6 min
     python scripts/bench_bootstrap.py [--out DIR] [--tasks 200] [--steps N] [--lr X] [--seed S]
                                       [--train-seed S]
 
-Training is deterministic given the recipe; `--train-seed` (the SFT seed: data order, nothing else)
+Training is deterministic given the recipe; `--train-seed` (the SFT seed; here it sets the data order)
 shows how much the figure moves from run to run.
 """
 
