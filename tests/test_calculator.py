@@ -7,6 +7,7 @@ import os
 import random
 from dataclasses import replace
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -103,14 +104,17 @@ def test_values_format_as_integer_or_reduced_fraction():
 
 
 def test_evaluator_is_not_python_eval():
-    """The module calls no builtin eval/exec/compile/__import__ and imports no ast."""
-    tree = ast.parse(open(calc.__file__, encoding="utf-8").read())
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-            assert node.func.id not in {"eval", "exec", "compile", "__import__"}
-        if isinstance(node, ast.Import | ast.ImportFrom):
-            names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
-            assert "ast" not in names
+    """No module of the package calls builtin eval/exec/compile/__import__ or imports ast."""
+    modules = sorted(Path(calc.__file__).parent.glob("*.py"))
+    assert {m.name for m in modules} >= {"__init__.py", "evaluator.py", "tasks.py", "environment.py"}
+    for module in modules:
+        tree = ast.parse(module.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                assert node.func.id not in {"eval", "exec", "compile", "__import__"}
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
+                assert "ast" not in names
 
 
 # -- evaluator: properties ----------------------------------------------------------------------

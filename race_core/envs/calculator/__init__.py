@@ -1,0 +1,89 @@
+"""Bounded calculator environment (DESIGN §6); public surface (DESIGN §11).
+
+Three parts, each usable on its own:
+
+1. `evaluator`: the safe expression parser and exact evaluator (no eval/exec), with its limits.
+2. `tasks`: the seeded task generator, the train/held-out split and the private `judge`.
+3. `environment`: `CalculatorEnv` (reset/step, used step by step by samplers), action parsing,
+   and `run_episode` + `Episode` for simple drivers.
+
+Every public name is re-exported here, so `from race_core.envs.calculator import X` works for all.
+"""
+
+from race_core.envs.calculator.environment import (
+    DEFAULT_MAX_TURNS,
+    ENV_REVISION,
+    ENVIRONMENT_NAME,
+    FINISH_OBSERVATION,
+    INVALID_ACTION_OBSERVATION,
+    CalculatorEnv,
+    Episode,
+    PolicyFn,
+    StepResult,
+    run_episode,
+)
+from race_core.envs.calculator.evaluator import (
+    ERROR_PREFIX,
+    MAX_ABS_VALUE,
+    MAX_EXPRESSION_CHARS,
+    MAX_NESTING,
+    BinOp,
+    EvalError,
+    EvalResult,
+    Neg,
+    Node,
+    Num,
+    evaluate,
+    fold,
+    format_value,
+    parse_expression,
+    parse_number,
+)
+from race_core.envs.calculator.tasks import (
+    HELDOUT_PERCENT,
+    HELDOUT_SEED_OFFSET,
+    QUESTION_TEMPLATE,
+    CalculatorTask,
+    generate_tasks,
+    heldout_seed,
+    judge,
+    question_for,
+    task_split,
+)
+
+__all__ = [
+    "BinOp",
+    "CalculatorEnv",
+    "CalculatorTask",
+    "DEFAULT_MAX_TURNS",
+    "ENVIRONMENT_NAME",
+    "ENV_REVISION",
+    "ERROR_PREFIX",
+    "Episode",
+    "EvalError",
+    "EvalResult",
+    "FINISH_OBSERVATION",
+    "HELDOUT_PERCENT",
+    "HELDOUT_SEED_OFFSET",
+    "INVALID_ACTION_OBSERVATION",
+    "MAX_ABS_VALUE",
+    "MAX_EXPRESSION_CHARS",
+    "MAX_NESTING",
+    "Neg",
+    "Node",
+    "Num",
+    "PolicyFn",
+    "QUESTION_TEMPLATE",
+    "StepResult",
+    "evaluate",
+    "fold",
+    "format_value",
+    "generate_tasks",
+    "heldout_seed",
+    "judge",
+    "parse_expression",
+    "parse_number",
+    "question_for",
+    "run_episode",
+    "task_split",
+]
