@@ -21,10 +21,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from race_core.config import DEFAULT_EPSILON
 from race_core.schema import Trajectory
-from race_core.scoring import Scorer, ScoreRequest
-
-DEFAULT_EPSILON = 1e-3
+from race_core.scoring import Scorer, ScoreRequest, ScorerStats, batch_noise
 
 # A plain scorer: trajectories -> for each, one action mean log-prob per turn.
 PlainScorer = Callable[[list[Trajectory]], list[list[float]]]
@@ -44,18 +43,29 @@ class CoverResult:
 
 
 class _PlainAdapter:
-    """Lets a plain callable serve as a Scorer: it scores whole trajectories, we slice."""
+    """Lets a plain callable serve as a Scorer: it scores whole trajectories, we slice. It renders
+    nothing itself (`renderer` is None) and holds nothing (`release`, `close` do nothing)."""
 
     name = "plain"
+    renderer = None
 
     def __init__(self, fn: PlainScorer):
         self.fn = fn
+        self.stats = ScorerStats()
 
     def score(self, requests: Sequence[ScoreRequest]) -> list[list[float]]:
         scores = self.fn([r.trajectory for r in requests])
+        self.stats.forward_calls += 1
+        self.stats.requests += len(requests)
         return [list(s[r.from_turn: r.last_turn + 1]) for r, s in zip(requests, scores, strict=True)]
 
     def release(self, keys=None) -> None:
+        return None
+
+    def measure_noise(self, requests: Sequence[ScoreRequest]) -> float:
+        return batch_noise(self, requests)
+
+    def close(self) -> None:
         return None
 
 
@@ -129,9 +139,3 @@ def _drops(before: Sequence[float], after: Sequence[float]) -> list[float]:
 def _audit(turn: int, *, accepted: bool, drops: list[float], skipped_empty: bool = False) -> dict[str, Any]:
     return {"turn": turn, "accepted": accepted, "drops": drops,
             "max_drop": max(drops) if drops else None, "skipped_empty": skipped_empty}
-
-
-def one_at_a_time(trajectories: Sequence[Trajectory], scorer: Scorer | PlainScorer,
-                  epsilon: float = DEFAULT_EPSILON, **options) -> list[CoverResult]:
-    """The plain reference algorithm: each trajectory on its own, candidates in order."""
-    return [logic_cover([t], scorer, epsilon, **options)[0] for t in trajectories]

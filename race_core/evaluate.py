@@ -1,6 +1,6 @@
 """Policy evaluation on held-out calculator tasks: success rate, reasoning tokens, turns.
 
-Episodes are played by `race_core.rollout.run_rollouts` (the same driver as RL sampling), greedy
+Episodes are played by `race_core.rollout.play_episodes` (the same driver as RL sampling), greedy
 or sampled; success is the environment's private judge. Use held-out tasks:
 `generate_tasks(n, heldout_seed(seed))` (they share no question with any training draw).
 """
@@ -11,8 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from race_core.envs.calculator import DEFAULT_MAX_TURNS, CalculatorTask, generate_tasks, heldout_seed
-from race_core.render import Renderer
-from race_core.rollout import Rollout, run_rollouts
+from race_core.rollout import Rollout, play_episodes
 from race_core.sampling import SamplingParams
 
 
@@ -52,15 +51,12 @@ def evaluate_policy(
     batch_size: int = 64,
 ) -> EvalReport:
     """Play every task (`samples` times when sampling; once when greedy) and summarise."""
-    from race_core.sampling.hf import HFSampler
-
     if not tasks:
         raise ValueError("evaluate_policy needs at least one task")
-    renderer = Renderer(tokenizer)
-    sampler = HFSampler(model, tokenizer, renderer=renderer, batch_size=batch_size)
     params = SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed,
                             greedy=greedy)
-    episodes = run_rollouts(sampler, renderer, tasks, 1 if greedy else samples, params, max_turns)
+    episodes = play_episodes(model, tokenizer, tasks, 1 if greedy else samples, params, max_turns,
+                             batch_size=batch_size)
     n = len(episodes)
     turns = sum(len(e.turns) for e in episodes)
     return EvalReport(

@@ -1,20 +1,34 @@
-"""Loading and saving policy checkpoints: local folders only, safetensors only, no remote code."""
+"""Policy checkpoints: local folders only, safetensors only, no remote code. Loading, saving,
+the digest that identifies a checkpoint, and the tokenizer facts every backend shares (pad id)."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
-DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
-          "float16": "float16", "fp16": "float16"}
+from race_core.config import canonical_dtype
 
 
 def torch_dtype(name: str):
     import torch
 
-    try:
-        return getattr(torch, DTYPES[name])
-    except KeyError:
-        raise ValueError(f"unknown dtype {name!r}: expected one of {sorted(DTYPES)}") from None
+    return getattr(torch, canonical_dtype(name))
+
+
+def checkpoint_digest(folder: str | Path) -> str:
+    """sha256 over (relative path, file sha256) of every file: identifies a checkpoint."""
+    folder = Path(folder)
+    h = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        h.update(path.relative_to(folder).as_posix().encode() + b"\0")
+        h.update(hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def pad_token_id(tokenizer, fallback: int = 0) -> int:
+    """The id used to pad batches: the tokenizer's pad token, else `fallback`. Padding is always
+    masked out, so any id works; one place decides which."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else fallback
 
 
 def check_checkpoint_dir(checkpoint: str | Path) -> Path:

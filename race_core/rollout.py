@@ -27,27 +27,37 @@ not separable by ids). Tokens of a generation without a leading open marker are 
 an open marker that is never closed, all REASONING.
 
 Only the env's private judge reads the task's answer; reference actions are never read here.
+
+The policy plays through `play_episodes` (an HFSampler over an in-memory model, so the device and
+dtype it was loaded with are the ones that sample): `sample_rollouts` draws one RL iteration's
+rollouts (`training_tasks`), `sample_successful_trajectories` the policy's own successful episodes
+(RACE's input). Rollouts travel between stages as JSON (`rollouts_to_json` / `rollouts_from_json`):
+token ids, roles, masks and old log-probs exact.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
+from race_core.config import RLConfig
 from race_core.envs.calculator import (
     DEFAULT_MAX_TURNS,
     ENV_REVISION,
     ENVIRONMENT_NAME,
     CalculatorEnv,
     CalculatorTask,
+    generate_tasks,
 )
 from race_core.render import ACTION_PREFIX, OBSERVATION_PREFIX, Renderer, Role
 from race_core.sampling import Sample, Sampler, SamplingParams
 from race_core.schema import SchemaError, Trajectory, Turn
 
 ROLLOUT_SOURCE_REVISION = f"on-policy-env-r{ENV_REVISION}"
+ROLLOUT_FORMAT = "race.rollouts/v1"
 _STEP_SEED_STRIDE = 1_000_003  # sampler seed of step s = seed + s * stride
 
 
@@ -227,3 +237,62 @@ def run_rollouts(
         step += 1
     return [e.rollout for e in episodes]
 
+
+
+def play_episodes(
+    model,
+    tokenizer,
+    tasks: Sequence[CalculatorTask],
+    group_size: int,
+    params: SamplingParams,
+    max_turns: int = DEFAULT_MAX_TURNS,
+    *,
+    batch_size: int = 32,
+) -> list[Rollout]:
+    """`run_rollouts` with an HFSampler over the in-memory `model` (on whatever device and dtype it
+    was loaded with)."""
+    from race_core.sampling.hf import HFSampler
+
+    renderer = Renderer(tokenizer)
+    sampler = HFSampler(model, tokenizer, renderer=renderer, batch_size=batch_size)
+    return run_rollouts(sampler, renderer, tasks, group_size, params, max_turns)
+
+
+def training_tasks(config: RLConfig, iteration: int) -> list[CalculatorTask]:
+    """The K tasks of RL iteration `iteration` (training split, seed config.seed + iteration)."""
+    return generate_tasks(config.tasks_per_iteration, config.seed + iteration, config.difficulty, split="train")
+
+
+def sample_rollouts(model, tokenizer, config: RLConfig, iteration: int) -> list[Rollout]:
+    """G rollouts for each of the K training tasks of `iteration` from the policy `model` (sampler
+    seed config.seed + iteration); their log-probs are the update's logp_old."""
+    params = SamplingParams(temperature=config.temperature, top_p=config.top_p,
+                            max_new_tokens=config.max_new_tokens, seed=config.seed + iteration)
+    return play_episodes(model, tokenizer, training_tasks(config, iteration), config.group_size, params,
+                         config.max_turns)
+
+
+def sample_successful_trajectories(model, tokenizer, tasks: int, samples: int, seed: int,
+                                   temperature: float = 1.0) -> tuple[list[Trajectory], int]:
+    """Play `samples` episodes of each of `tasks` training tasks (seed `seed`); return the successful,
+    well-formed ones as Trajectories (the policy's own data, RACE's input; one per distinct
+    trajectory) and the number of episodes played."""
+    params = SamplingParams(temperature=temperature, seed=seed)
+    rollouts = play_episodes(model, tokenizer, generate_tasks(tasks, seed, split="train"), samples, params)
+    trajectories = {t.id: t for r in rollouts if (t := r.to_trajectory()) is not None}
+    return list(trajectories.values()), len(rollouts)
+
+
+def rollouts_to_json(rollouts: Sequence[Rollout]) -> str:
+    return json.dumps({"format": ROLLOUT_FORMAT, "rollouts": [asdict(r) for r in rollouts]})
+
+
+def rollouts_from_json(text: str) -> list[Rollout]:
+    payload = json.loads(text)
+    if payload.get("format") != ROLLOUT_FORMAT:
+        raise ValueError(f"not a rollouts document (format {payload.get('format')!r}, expected {ROLLOUT_FORMAT})")
+    rollouts = []
+    for record in payload["rollouts"]:
+        record["turns"] = [Turn(**t) for t in record["turns"]]
+        rollouts.append(Rollout(**record))
+    return rollouts

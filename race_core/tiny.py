@@ -159,13 +159,3 @@ def ensure_checkpoint(cache_dir: str | Path, config: TinyConfig = TINY) -> Path:
         build_checkpoint(tmp, config)
         tmp.rename(out)
     return out
-
-
-def checkpoint_digest(folder: str | Path) -> str:
-    """sha256 over (relative path, file sha256) of every file: identifies a checkpoint."""
-    folder = Path(folder)
-    h = hashlib.sha256()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        h.update(path.relative_to(folder).as_posix().encode() + b"\0")
-        h.update(hashlib.sha256(path.read_bytes()).digest())
-    return h.hexdigest()

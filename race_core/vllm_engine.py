@@ -3,7 +3,8 @@
 vLLM is an optional dependency: `require_vllm()` imports it or fails with the exact `pip install`
 line of the extra that provides it. An engine is built once per stage over a local checkpoint folder
 (the same folder transformers would load, never a hub name) and shut down after the stage, so the
-next stage (training, another engine) gets the accelerator memory back.
+next stage (training, another engine) gets the accelerator memory back. `EngineOwner` is what the
+vLLM scorer and sampler share: the engine, the tokenizer and renderer over it, and its lifetime.
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ from __future__ import annotations
 import contextlib
 import gc
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
-from race_core.policy import DTYPES, check_checkpoint_dir
+from race_core.config import canonical_dtype
+from race_core.policy import check_checkpoint_dir, load_tokenizer
+from race_core.render import Renderer
 
 VLLM_INSTALL_HINT = (
     "the 'vllm' backend needs vLLM, which is not installed: "
@@ -53,8 +56,7 @@ def build_engine(checkpoint: str | Path, *, dtype: str = "float32", device: str 
     """
     vllm = require_vllm()
     path = check_checkpoint_dir(checkpoint)
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}: expected one of {sorted(DTYPES)}")
+    dtype = canonical_dtype(dtype)
     if device is not None:
         wanted = device.split(":")[0]
         platform = vllm_device_type()
@@ -62,7 +64,7 @@ def build_engine(checkpoint: str | Path, *, dtype: str = "float32", device: str 
             raise ValueError(f"device {device!r} asked for, but this vLLM build runs on {platform!r}; "
                              "install the vLLM build for that device")
     return vllm.LLM(
-        model=str(path), tokenizer=str(path), dtype=DTYPES[dtype], seed=seed,
+        model=str(path), tokenizer=str(path), dtype=dtype, seed=seed,
         enable_prefix_caching=enable_prefix_caching, trust_remote_code=False, **engine_options,
     )
 
@@ -95,3 +97,56 @@ def shutdown_engine(llm) -> None:
 
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+_Owner = TypeVar("_Owner", bound="EngineOwner")
+
+
+class EngineOwner:
+    """Holds a `vllm.LLM` (`llm`), the tokenizer and renderer over its checkpoint, and whether it
+    built the engine (`owns_engine`: then `close()`, or leaving a `with` block, shuts it down).
+
+    A subclass states the engine options it needs: `engine_defaults` (used unless the caller sets
+    them) and `engine_required` (always used); `from_pretrained` builds the engine with them."""
+
+    engine_defaults: ClassVar[dict[str, Any]] = {}
+    engine_required: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, llm, tokenizer=None, *, renderer: Renderer | None = None, owns_engine: bool = False):
+        """Wrap an existing `vllm.LLM`. The tokenizer defaults to the one in the engine's
+        checkpoint folder, loaded as transformers backends load it."""
+        require_vllm()
+        self.llm = llm
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(llm.model_config.tokenizer)
+        self.renderer = renderer or Renderer(self.tokenizer)
+        self.owns_engine = owns_engine
+
+    @classmethod
+    def from_pretrained(cls: type[_Owner], checkpoint: str | Path, *, dtype: str = "float32",
+                        device: str | None = None, batch_size: int | None = None, **engine_options: Any) -> _Owner:
+        """Build the engine over a local checkpoint folder and own it. `batch_size` caps the
+        sequences the engine runs at once (vLLM's `max_num_seqs`); other options go to `vllm.LLM`."""
+        require_vllm()
+        if batch_size is not None:
+            engine_options.setdefault("max_num_seqs", batch_size)
+        options = {**cls.engine_defaults, **engine_options, **cls.engine_required}
+        llm = build_engine(checkpoint, dtype=dtype, device=device, **options)
+        return cls(llm, load_tokenizer(checkpoint), owns_engine=True)
+
+    def engine(self):
+        """The engine, or an error once closed."""
+        if self.llm is None:
+            raise RuntimeError(f"this {type(self).__name__} is closed")
+        return self.llm
+
+    def close(self) -> None:
+        """Shut the engine down and free its memory (only an engine this object built)."""
+        llm, self.llm = self.llm, None
+        if self.owns_engine:
+            shutdown_engine(llm)
+
+    def __enter__(self: _Owner) -> _Owner:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -23,8 +23,7 @@ from race_core.cover import logic_cover
 from race_core.envs.expert import expert_dataset
 from race_core.policy import load_policy, save_policy
 from race_core.render import Renderer
-from race_core.sampling import SamplingParams, make_sampler
-from race_core.sampling.hf import stop_token_ids
+from race_core.sampling import SamplingParams, make_sampler, stop_token_ids
 from race_core.scoring import Scorer, ScoreRequest, make_scorer
 from race_core.tiny import TINY, ensure_checkpoint
 

@@ -1,9 +1,13 @@
-"""LoGiC cover semantics with a scripted scorer, and wavefront == one-at-a-time on the real model."""
+"""LoGiC cover semantics with a scripted scorer, and the wavefront == the plain sequential algorithm
+on the real model."""
+
+import random
 
 import pytest
 
-from race_core.cover import logic_cover, one_at_a_time
+from race_core.cover import logic_cover
 from race_core.schema import Trajectory, Turn
+from race_core.scoring import ScoreRequest
 from race_core.scoring.hf import HFScorer
 
 EPS = 1e-3
@@ -86,21 +90,70 @@ def test_early_rejection_makes_the_same_decisions():
     assert early[0].audit[0]["drops"] == [pytest.approx(0.01)]  # stopped at the first action
 
 
-def _decisions(results):
-    return [(r.skipped_turns, [e["accepted"] for e in r.audit]) for r in results]
+def sequential_logic(trajectory, score, epsilon):
+    """DESIGN §4 written plainly, one trajectory, one candidate at a time, over a plain scorer.
+    Returns the compressed trajectory, the skipped turns and {turn: drops} per scored candidate."""
+    current, s = trajectory, score(trajectory)
+    skipped, drops = [], {}
+    for t in range(1, len(trajectory.turns)):
+        if not current.turns[t].reasoning:
+            continue
+        candidate = current.without_reasoning(t)
+        new = score(candidate)
+        drops[t] = [s[j] - new[j] for j in range(t, len(s))]
+        if all(d <= epsilon for d in drops[t]):
+            current, s[t:] = candidate, new[t:]
+            skipped.append(t)
+    return current, tuple(skipped), drops
 
 
-def test_wavefront_equals_one_trajectory_at_a_time_on_the_real_model(tiny_policy, expert_trajectories):
+# Batched, cached scoring vs one plain forward differs by float32 summation order only: at most
+# 1.6e-7 on the tiny model's drops, and every drop lies at least 5e-5 from EPS.
+DROP_TOLERANCE = 1e-6
+
+
+@pytest.fixture(scope="module")
+def sequential_reference(tiny_policy, expert_trajectories):
     model, tokenizer = tiny_policy
-    trajectories = list(expert_trajectories)
+    plain = HFScorer(model, tokenizer, batch_size=1, prefix_reuse=False)  # one forward, no cache
+
+    def score(trajectory):
+        return plain.score([ScoreRequest(0, trajectory)])[0]
+
+    return [sequential_logic(t, score, EPS) for t in expert_trajectories]
+
+
+def test_the_sequential_reference_is_a_nontrivial_check(sequential_reference):
+    accepted = [t in skipped for _, skipped, drops in sequential_reference for t in drops]
+    assert any(accepted) and not all(accepted)
+    drops = [d for _, _, by_turn in sequential_reference for ds in by_turn.values() for d in ds]
+    assert min(abs(d - EPS) for d in drops) > 10 * DROP_TOLERANCE  # noise cannot flip a decision
+
+
+@pytest.mark.parametrize(("batch_size", "order", "early_reject"), [
+    (1, "given", False), (7, "given", False), (4, "reversed", False), (5, "shuffled", True),
+])
+def test_wavefront_equals_the_sequential_algorithm_on_the_real_model(
+        tiny_policy, expert_trajectories, sequential_reference, batch_size, order, early_reject):
+    model, tokenizer = tiny_policy
+    indices = list(range(len(expert_trajectories)))
+    if order == "reversed":
+        indices.reverse()
+    elif order == "shuffled":
+        random.Random(0).shuffle(indices)
+    trajectories = [expert_trajectories[i] for i in indices]
     assert len({len(t.turns) for t in trajectories}) > 1  # different lengths
-    wave = logic_cover(trajectories, HFScorer(model, tokenizer, batch_size=7), EPS)
-    single = one_at_a_time(trajectories, HFScorer(model, tokenizer, batch_size=1, prefix_reuse=False), EPS)
-    assert _decisions(wave) == _decisions(single)
-    accepted = [e["accepted"] for r in wave for e in r.audit if not e["skipped_empty"]]
-    assert any(accepted) and not all(accepted)  # the comparison is not trivial
-    early = logic_cover(trajectories, HFScorer(model, tokenizer, batch_size=5), EPS, early_reject=True)
-    assert _decisions(early) == _decisions(wave)
-    for r in wave:
-        for e in r.audit:
-            assert e["accepted"] == (bool(e["drops"]) and max(e["drops"]) <= EPS)
+    results = logic_cover(trajectories, HFScorer(model, tokenizer, batch_size=batch_size), EPS,
+                          early_reject=early_reject)
+    for i, result in zip(indices, results, strict=True):
+        reference, skipped, drops = sequential_reference[i]
+        assert result.skipped_turns == skipped
+        assert result.trajectory == reference
+        scored = [e for e in result.audit if not e["skipped_empty"]]
+        assert [e["turn"] for e in scored] == list(drops)
+        for entry in scored:
+            assert entry["accepted"] == (entry["turn"] in skipped)
+            expected = drops[entry["turn"]]
+            if early_reject and not entry["accepted"]:
+                expected = expected[: len(entry["drops"])]  # stopped at the first action if it failed there
+            assert entry["drops"] == pytest.approx(expected, abs=DROP_TOLERANCE)

@@ -1,10 +1,12 @@
 """Cover-aware RL on real rollouts: the loss equals a hand computation from the batch's logged
-tensors, skipped reasoning gets exactly zero gradient, one iteration updates the weights.
+tensors, skipped reasoning gets exactly zero gradient, one iteration updates the weights, and
+rollouts that went through their JSON form give the same update.
 
 The policy is the SMOKE bootstrap (the TINY model fitted to expert episodes of a few one-operation
-tasks), sampled on those tasks at temperature 1: its groups mix successes and failures, so the
-advantages are not all zero. ε = 10 makes the cover accept removals (every drop is below it), so
-the batch has skipped turns and closure terms whatever the tiny model's likelihoods are.
+tasks); CONFIG's iteration 0 draws exactly those tasks, sampled at temperature 1: its groups mix
+successes and failures, so the advantages are not all zero. ε = 10 makes the cover accept removals
+(every drop is below it), so the batch has skipped turns and closure terms whatever the tiny
+model's likelihoods are.
 """
 
 from __future__ import annotations
@@ -12,22 +14,31 @@ from __future__ import annotations
 import pytest
 import torch
 
+from race_core.config import RLConfig
 from race_core.loss import cover_aware_loss
 from race_core.policy import load_policy
 from race_core.render import Renderer, Role
+from race_core.rollout import rollouts_from_json, rollouts_to_json, sample_rollouts, training_tasks
 from race_core.train.bootstrap import SMOKE, ensure_bootstrap, smoke_tasks
-from race_core.train.rl import RLConfig, rl_iteration
+from race_core.train.rl import update_from_rollouts
 
-CONFIG = RLConfig(tasks_per_iteration=4, group_size=4, temperature=1.0, max_new_tokens=64, max_turns=4,
-                  epsilon=10.0, lr=1e-3, seed=1)
+CONFIG = RLConfig(tasks_per_iteration=SMOKE.expert_tasks, group_size=4, temperature=1.0, max_new_tokens=64,
+                  max_turns=4, lr=1e-3, seed=SMOKE.expert_seed, difficulty=SMOKE.difficulty)
+EPSILON = 10.0
 
 
 @pytest.fixture(scope="module")
-def iteration(tmp_path_factory):
-    checkpoint = ensure_bootstrap(tmp_path_factory.getbasetemp() / "race-shared", SMOKE).checkpoint
+def checkpoint(tmp_path_factory):
+    return ensure_bootstrap(tmp_path_factory.getbasetemp() / "race-shared", SMOKE).checkpoint
+
+
+@pytest.fixture(scope="module")
+def iteration(checkpoint):
     model, tokenizer = load_policy(checkpoint)
     before = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    report = rl_iteration(model, tokenizer, CONFIG, smoke_tasks())
+    assert [t.task_id for t in training_tasks(CONFIG, 0)] == [t.task_id for t in smoke_tasks()]
+    rollouts = sample_rollouts(model, tokenizer, CONFIG, 0)
+    report = update_from_rollouts(model, tokenizer, rollouts, CONFIG, epsilon=EPSILON)
     return report, before, model, tokenizer
 
 
@@ -128,3 +139,21 @@ def test_one_iteration_changes_the_weights(iteration):
     assert len(report.losses) == CONFIG.inner_steps and torch.isfinite(torch.tensor(report.loss))
     summary = report.summary()
     assert summary["masked_tokens"] == report.masked_tokens and summary["rollouts"] == 16
+
+
+def test_rollouts_through_json_give_the_same_loss_and_gradients(checkpoint, iteration):
+    rollouts = iteration[0].rollouts
+    restored = rollouts_from_json(rollouts_to_json(rollouts))
+    assert restored == rollouts
+    updated = []
+    for batch in (rollouts, restored):
+        model, tokenizer = load_policy(checkpoint)  # two copies of the pre-update policy
+        report = update_from_rollouts(model, tokenizer, batch, CONFIG, epsilon=EPSILON)
+        updated.append((report, dict(model.named_parameters())))
+    (in_memory, params), (from_json, params_again) = updated
+    assert CONFIG.inner_steps == 1 and from_json.loss == in_memory.loss == iteration[0].loss
+    assert from_json.covers.keys() == in_memory.covers.keys()
+    for name, p in params.items():
+        grad, grad_again = p.grad, params_again[name].grad
+        assert (grad is None and grad_again is None) or torch.equal(grad, grad_again), name
+        assert torch.equal(p, params_again[name]), name

@@ -18,7 +18,13 @@ from race_core.envs.calculator import (
 from race_core.envs.expert import expert_episode
 from race_core.policy import load_policy
 from race_core.render import ACTION_PREFIX, ASSISTANT_ROLES, OBSERVATION_PREFIX, Renderer, Role
-from race_core.rollout import parse_generation, run_rollouts
+from race_core.rollout import (
+    parse_generation,
+    rollouts_from_json,
+    rollouts_to_json,
+    run_rollouts,
+    sample_successful_trajectories,
+)
 from race_core.sampling import SamplingParams
 from race_core.sampling.hf import HFSampler
 from race_core.tiny import TINY, ensure_checkpoint
@@ -145,6 +151,21 @@ def test_parse_generation_reads_reasoning_action_and_roles(random_policy):
     # no leading <think>, or no stop before the token limit: malformed
     assert not parse_generation(renderer, list(renderer.encode("calc[1 + 2]")) + [stop], True).well_formed
     assert not parse_generation(renderer, ids[:-1], stopped=False).well_formed
+
+
+def test_rollouts_json_round_trips_exactly_and_refuses_other_documents(smoke_rollouts):
+    assert rollouts_from_json(rollouts_to_json(smoke_rollouts)) == smoke_rollouts
+    with pytest.raises(ValueError, match="not a rollouts document"):
+        rollouts_from_json('{"format": "race.manifest/v1", "rollouts": []}')
+
+
+def test_sample_successful_trajectories_returns_the_successful_episodes_of_the_policy(smoke_policy):
+    model, tokenizer, _ = smoke_policy
+    trajectories, played = sample_successful_trajectories(model, tokenizer, tasks=len(smoke_tasks()), samples=2,
+                                                          seed=SMOKE.expert_seed)
+    assert played == 2 * len(smoke_tasks())
+    assert len({t.id for t in trajectories}) == len(trajectories) <= played
+    assert all(t.successful and t.split == "train" for t in trajectories)
 
 
 def _segments(rollout, tokenizer, turn, role):

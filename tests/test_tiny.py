@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from race_core.tiny import DEMO, TINY, TinyConfig, build_checkpoint, build_tokenizer, checkpoint_digest
+from race_core.policy import checkpoint_digest
+from race_core.tiny import DEMO, TINY, TinyConfig, build_checkpoint, build_tokenizer
 
 
 def test_same_seed_same_digest_other_seed_other_digest(tmp_path):

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from race_core.render import Renderer
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,16 @@ class Sample:
     logprobs: tuple[float, ...]  # log p(token) under the sampling policy (temperature 1, no top-p)
     text: str  # decoded token_ids
     finish_reason: str  # "stop" (end of the assistant turn) or "length"
+
+
+def stop_token_ids(tokenizer, renderer: Renderer) -> tuple[int, ...]:
+    """Tokens that end an assistant turn: the first token of the turn's closing wrapper, and EOS."""
+    stops = []
+    if renderer.end_ids:
+        stops.append(renderer.end_ids[0])
+    if tokenizer.eos_token_id is not None:
+        stops.append(tokenizer.eos_token_id)
+    return tuple(dict.fromkeys(stops))
 
 
 def sample_until_stop(ids: Sequence[int], logprobs: Sequence[float], stop_ids: Sequence[int], tokenizer) -> Sample:

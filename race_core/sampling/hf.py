@@ -12,18 +12,9 @@ from collections.abc import Sequence
 
 import torch
 
+from race_core.policy import pad_token_id
 from race_core.render import Renderer
-from race_core.sampling import Sample, SamplingParams, sample_until_stop
-
-
-def stop_token_ids(tokenizer, renderer: Renderer) -> tuple[int, ...]:
-    """Tokens that end an assistant turn: the first token of the turn's closing wrapper, and EOS."""
-    stops = []
-    if renderer.end_ids:
-        stops.append(renderer.end_ids[0])
-    if tokenizer.eos_token_id is not None:
-        stops.append(tokenizer.eos_token_id)
-    return tuple(dict.fromkeys(stops))
+from race_core.sampling import Sample, SamplingParams, sample_until_stop, stop_token_ids
 
 
 class HFSampler:
@@ -35,7 +26,7 @@ class HFSampler:
         self.renderer = renderer or Renderer(tokenizer)
         self.batch_size = batch_size
         self.stop_ids = stop_token_ids(tokenizer, self.renderer)
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
+        self.pad_id = pad_token_id(tokenizer, fallback=self.stop_ids[0])
         self.device = next(model.parameters()).device
 
     @classmethod

@@ -9,61 +9,41 @@ Log-probs are those of the unprocessed distribution (temperature 1, no top-p): t
 with `logprobs_mode="raw_logprobs"` and each request asks for `logprobs=0`, i.e. the sampled token's
 own log-prob. Request i gets seed `params.seed + i * params.n`; vLLM gives its k-th parallel
 sample `seed + k`, so every sample has its own seed and the result does not depend on batching.
+
+The engine is built once per stage and released after: `close()`, or use the sampler as a context
+manager (`EngineOwner`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
 
 from race_core.render import Renderer
-from race_core.sampling import Sample, SamplingParams, sample_until_stop
-from race_core.sampling.hf import stop_token_ids
-from race_core.vllm_engine import build_engine, require_vllm, shutdown_engine
+from race_core.sampling import Sample, SamplingParams, sample_until_stop, stop_token_ids
+from race_core.vllm_engine import EngineOwner
 
 
-class VLLMSampler:
+class VLLMSampler(EngineOwner):
     """Samples assistant turns with a vLLM engine."""
 
     name = "vllm"
+    # Prefix caching on unless asked otherwise: the n samples of a prompt share its prefill.
+    engine_defaults = {"enable_prefix_caching": True}
+    engine_required = {"logprobs_mode": "raw_logprobs"}
 
     def __init__(self, llm, tokenizer=None, *, renderer: Renderer | None = None, owns_engine: bool = False):
-        """Wrap an existing `vllm.LLM` (built with `logprobs_mode="raw_logprobs"`, vLLM's
-        default). `owns_engine` makes `close()` shut the engine down."""
-        require_vllm()
-        if tokenizer is None:
-            from race_core.policy import load_tokenizer
-
-            tokenizer = load_tokenizer(llm.model_config.tokenizer)
+        """Wrap an existing `vllm.LLM` (built with `logprobs_mode="raw_logprobs"`, vLLM's default)."""
+        super().__init__(llm, tokenizer, renderer=renderer, owns_engine=owns_engine)
         mode = getattr(llm.model_config, "logprobs_mode", "raw_logprobs")
         if str(getattr(mode, "value", mode)) != "raw_logprobs":
             raise ValueError(f"the sampler needs an engine with logprobs_mode='raw_logprobs', not {mode!r}")
-        self.llm = llm
-        self.tokenizer = tokenizer
-        self.renderer = renderer or Renderer(tokenizer)
-        self.owns_engine = owns_engine
-        self.stop_ids = stop_token_ids(tokenizer, self.renderer)
-
-    @classmethod
-    def from_pretrained(cls, checkpoint: str | Path, *, dtype: str = "float32", device: str | None = None,
-                        **engine_options: Any) -> VLLMSampler:
-        """Build the sampling engine over a local checkpoint folder; options go to `vllm.LLM`
-        (prefix caching is on by default here: the n samples of a prompt share its prefill)."""
-        require_vllm()
-        from race_core.policy import load_tokenizer
-
-        engine_options.setdefault("enable_prefix_caching", True)
-        engine_options["logprobs_mode"] = "raw_logprobs"
-        llm = build_engine(checkpoint, dtype=dtype, device=device, **engine_options)
-        return cls(llm, load_tokenizer(checkpoint), owns_engine=True)
+        self.stop_ids = stop_token_ids(self.tokenizer, self.renderer)
 
     def sample(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Sample]]:
         """For each prompt, `params.n` samples (one engine call for all prompts)."""
         if not prompts:
             return []
-        if self.llm is None:
-            raise RuntimeError("this VLLMSampler is closed")
+        llm = self.engine()
         from vllm import SamplingParams as EngineSamplingParams
 
         greedy = params.greedy or params.temperature <= 0
@@ -76,21 +56,9 @@ class VLLMSampler:
             )
             for i in range(len(prompts))
         ]
-        outputs = self.llm.generate([{"prompt_token_ids": [int(t) for t in p]} for p in prompts],
-                                    per_request, use_tqdm=False)
+        outputs = llm.generate([{"prompt_token_ids": [int(t) for t in p]} for p in prompts],
+                               per_request, use_tqdm=False)
         return [[self._sample(c) for c in sorted(out.outputs, key=lambda c: c.index)] for out in outputs]
-
-    def close(self) -> None:
-        """Shut the engine down and free its memory (only an engine this sampler built)."""
-        llm, self.llm = self.llm, None
-        if self.owns_engine:
-            shutdown_engine(llm)
-
-    def __enter__(self) -> VLLMSampler:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def _sample(self, completion) -> Sample:
         ids = list(completion.token_ids)

@@ -21,13 +21,14 @@ triangles. On the 20M benchmark model (N = 16, T = 16, batch 16) the cover took 
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from race_core.policy import pad_token_id
 from race_core.render import Rendered, Renderer
-from race_core.scoring import ScoreRequest
+from race_core.scoring import ScoreRequest, ScorerStats, batch_noise
 
 MAX_SEQUENCES_PER_KEY = 3
 
@@ -36,15 +37,6 @@ MAX_SEQUENCES_PER_KEY = 3
 class _Prefix:
     ids: np.ndarray  # the token ids the cached keys/values belong to
     kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer, [heads, len, dim]
-
-
-@dataclass
-class ScorerStats:
-    forward_calls: int = 0
-    requests: int = 0
-    tokens_processed: int = 0  # tokens fed through the model (padding excluded)
-    tokens_reused: int = 0  # tokens whose keys/values came from the prefix cache
-    extra: dict = field(default_factory=dict)
 
 
 def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -77,7 +69,7 @@ class HFScorer:
             raise ValueError(f"chunk_tokens must be >= 0 (0 = feed all new tokens at once), got {chunk_tokens}")
         self.chunk_tokens = chunk_tokens
         self.device = next(model.parameters()).device
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.pad_id = pad_token_id(tokenizer)
         self.stats = ScorerStats()
         self.noise: float | None = None
         # Per trajectory key: the base sequence (the trajectory as currently held) and the last
@@ -116,19 +108,20 @@ class HFScorer:
         return results  # type: ignore[return-value]
 
     def measure_noise(self, requests: Sequence[ScoreRequest]) -> float:
-        """Max |difference| between scoring each request alone (no cache) and all in one batch."""
+        """Max |difference| between scoring each request alone (no cache) and all in one batch
+        (`batch_noise`); the prefix cache is set aside meanwhile and restored after."""
         saved = (self.batch_size, self.prefix_reuse, self._prefixes)
         try:
             self._prefixes, self.prefix_reuse = {}, False
-            self.batch_size = 1
-            alone = [self.score([r])[0] for r in requests]
             self.batch_size = max(len(requests), 1)
-            batched = self.score(list(requests))
+            self.noise = batch_noise(self, requests)
         finally:
             self.batch_size, self.prefix_reuse, self._prefixes = saved
-        self.noise = max((abs(a - b) for xs, ys in zip(alone, batched, strict=True)
-                          for a, b in zip(xs, ys, strict=True)), default=0.0)
         return self.noise
+
+    def close(self) -> None:
+        """Drop the prefix cache (the model stays with whoever loaded it)."""
+        self.release()
 
     # -- internals ----------------------------------------------------------------------------
     def _reusable(self, request: ScoreRequest, rendered: Rendered) -> tuple[_Prefix | None, int]:

@@ -1,8 +1,10 @@
 """Cover-aware RL on on-policy calculator rollouts (DESIGN §5; the paper's eqs. 13-15).
 
 One iteration:
-  1. G rollouts for each of K tasks from the current policy (`race_core.rollout`, HFSampler over
-     the in-memory model); the sampler's log-probs are logp_old.
+  1. G rollouts for each of K tasks from the current policy (`race_core.rollout.sample_rollouts`,
+     HFSampler over the in-memory model); the sampler's log-probs are logp_old. The rollouts may
+     travel between stages as JSON (`race_core.rollout.rollouts_to_json`); steps 2-5 are
+     `update_from_rollouts`.
   2. reward = the env's private judge; GRPO advantage per group (`grpo_advantages`).
   3. LoGiC cover (`logic_cover`, HFScorer over the pre-update policy) on the successful,
      well-formed rollouts, each as a Trajectory of its parsed turns. The cover decides on the
@@ -14,7 +16,7 @@ One iteration:
      `renderer.render(cover.trajectory)` up to `turn_starts[t] + len(open_ids)`, the log-prob is the
      sum over the close marker's tokens.
   5. logp_new recomputed with gradient (one forward over all rollout sequences, right padded) →
-     `cover_aware_loss` → optimizer step(s).
+     `cover_aware_loss` → optimizer step(s), torch seeded with `config.seed` first.
 
 `build_rl_batch` holds every tensor the loss reads, so a test can recompute the loss by hand.
 """
@@ -22,41 +24,16 @@ One iteration:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
+from race_core.config import DEFAULT_EPSILON, RLConfig
 from race_core.cover import CoverResult, logic_cover
-from race_core.envs.calculator import DEFAULT_MAX_TURNS, CalculatorTask, generate_tasks
 from race_core.loss import cover_aware_loss, grpo_advantages
 from race_core.render import Renderer, Role
-from race_core.rollout import Rollout, run_rollouts
-from race_core.sampling import SamplingParams
-
-Progress = Callable[[int, int, dict], None]  # (iteration, iterations total, summary)
-
-
-@dataclass(frozen=True)
-class RLConfig:
-    """Hyperparameters of cover-aware RL (its canonical JSON is part of the stage key)."""
-
-    tasks_per_iteration: int = 8  # K
-    group_size: int = 4  # G rollouts per task (GRPO group)
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 96  # per assistant turn
-    max_turns: int = DEFAULT_MAX_TURNS
-    epsilon: float = 1e-3  # LoGiC tolerance
-    clip: float = 0.2
-    closure_weight: float = 0.02  # λ
-    lr: float = 1e-5
-    weight_decay: float = 0.0
-    inner_steps: int = 1  # optimizer steps on one batch of rollouts
-    max_grad_norm: float = 1.0
-    seed: int = 0
-    difficulty: int | None = None  # of the training tasks train_rl draws
+from race_core.rollout import Rollout
 
 
 @dataclass
@@ -204,31 +181,6 @@ def make_optimizer(model, config: RLConfig) -> torch.optim.Optimizer:
                              weight_decay=config.weight_decay)
 
 
-def rl_iteration(
-    model,
-    tokenizer,
-    config: RLConfig,
-    tasks: Sequence[CalculatorTask],
-    *,
-    optimizer: torch.optim.Optimizer | None = None,
-    renderer: Renderer | None = None,
-    seed: int | None = None,
-) -> RLReport:
-    """Sample, judge, cover, and update `model` in place; see the module docstring."""
-    from race_core.sampling.hf import HFSampler
-
-    started = time.perf_counter()
-    renderer = renderer or Renderer(tokenizer)
-    seed = config.seed if seed is None else seed
-    sampler = HFSampler(model, tokenizer, renderer=renderer)
-    params = SamplingParams(temperature=config.temperature, top_p=config.top_p,
-                            max_new_tokens=config.max_new_tokens, seed=seed)
-    rollouts = run_rollouts(sampler, renderer, tasks, config.group_size, params, config.max_turns)
-    report = update_from_rollouts(model, tokenizer, rollouts, config, optimizer=optimizer, renderer=renderer)
-    report.wall_seconds = time.perf_counter() - started
-    return report
-
-
 def update_from_rollouts(
     model,
     tokenizer,
@@ -237,17 +189,22 @@ def update_from_rollouts(
     *,
     optimizer: torch.optim.Optimizer | None = None,
     renderer: Renderer | None = None,
+    epsilon: float = DEFAULT_EPSILON,
 ) -> RLReport:
-    """The update half of an iteration: judge-given rewards -> GRPO advantages -> LoGiC cover of the
-    successful rollouts with the pre-update policy -> cover-aware loss -> optimizer step(s)."""
+    """Update `model` in place from its own `rollouts` (steps 2-5 of the module docstring): judge-given
+    rewards -> GRPO advantages -> LoGiC cover (tolerance `epsilon`) of the successful rollouts with the
+    pre-update policy -> cover-aware loss -> `config.inner_steps` optimizer step(s). Seeds torch with
+    `config.seed` first, so an update is reproducible wherever its rollouts were sampled."""
+    from race_core.policy import pad_token_id
     from race_core.scoring.hf import HFScorer
 
     started = time.perf_counter()
+    torch.manual_seed(config.seed)
     renderer = renderer or Renderer(tokenizer)
     optimizer = optimizer or make_optimizer(model, config)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    pad_id = pad_token_id(tokenizer)
     advantages = grpo_advantages([r.reward for r in rollouts], [r.group for r in rollouts])
-    covers = cover_rollouts(rollouts, HFScorer(model, tokenizer, renderer=renderer), config.epsilon)
+    covers = cover_rollouts(rollouts, HFScorer(model, tokenizer, renderer=renderer), epsilon)
     batch = build_rl_batch(renderer, rollouts, covers, advantages, pad_id)
 
     model.train()
@@ -277,25 +234,3 @@ def update_from_rollouts(
         batch=batch, logp_new=logged_logp, closure_logprobs=logged_closure, rollouts=list(rollouts),
         covers=covers, wall_seconds=time.perf_counter() - started,
     )
-
-
-def train_rl(checkpoint: str | Path, config: RLConfig, iterations: int, out_dir: str | Path,
-             progress: Progress | None = None) -> tuple[Path, list[RLReport]]:
-    """Run `iterations` RL iterations from a local checkpoint on fresh training tasks (seed
-    `config.seed + iteration`) and save the updated policy to `out_dir`."""
-    from race_core.policy import load_policy, save_policy
-
-    model, tokenizer = load_policy(checkpoint)
-    torch.manual_seed(config.seed)
-    optimizer = make_optimizer(model, config)
-    renderer = Renderer(tokenizer)
-    reports: list[RLReport] = []
-    for iteration in range(iterations):
-        tasks = generate_tasks(config.tasks_per_iteration, config.seed + iteration, config.difficulty,
-                               split="train")
-        report = rl_iteration(model, tokenizer, config, tasks, optimizer=optimizer, renderer=renderer,
-                              seed=config.seed + iteration)
-        reports.append(report)
-        if progress is not None:
-            progress(iteration + 1, iterations, report.summary())
-    return save_policy(model, tokenizer, out_dir), reports

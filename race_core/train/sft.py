@@ -22,40 +22,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from race_core.config import SFTConfig
 from race_core.loss import sft_loss
 from race_core.render import ASSISTANT_ROLES, Renderer
 from race_core.schema import Trajectory
 
 Progress = Callable[[int, int, float], None]  # (optimizer step, total steps, loss)
-
-
-@dataclass(frozen=True)
-class SFTConfig:
-    """Hyperparameters of one SFT run (its canonical JSON is part of the stage key).
-
-    steps: optimizer steps; 0 means `epochs` passes over the data. batch_size counts trajectories
-    per micro-batch; an optimizer step sees batch_size × grad_accumulation trajectories.
-    Learning rate: linear warmup over `warmup_steps`, then cosine decay to `min_lr_ratio` × lr.
-    """
-
-    lr: float = 1e-3
-    epochs: int = 1
-    steps: int = 0
-    batch_size: int = 8
-    grad_accumulation: int = 1
-    max_length: int = 1024
-    seed: int = 0
-    weight_decay: float = 0.0
-    warmup_steps: int = 0
-    min_lr_ratio: float = 0.1
-    max_grad_norm: float = 1.0
-    adam_beta2: float = 0.999  # 0.95 damps the loss spikes of small models at high learning rates
-    length_grouping: bool = True  # batch examples of similar length together (less padding)
-    lora: bool = False
-    lora_r: int = 8
-    lora_alpha: int = 16
-    lora_dropout: float = 0.0
-    lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 @dataclass
@@ -158,7 +130,7 @@ def train_sft(
     model_or_checkpoint,
     tokenizer,
     trajectories: Sequence[Trajectory],
-    config: SFTConfig = SFTConfig(),
+    config: SFTConfig | None = None,
     out_dir: str | Path | None = None,
     progress: Progress | None = None,
 ) -> SFTReport:
@@ -167,8 +139,9 @@ def train_sft(
     `model_or_checkpoint` is a model (trained in place) or a local checkpoint folder; `tokenizer`
     may be None with a folder (it is loaded from it). Returns the per-step losses.
     """
-    from race_core.policy import load_policy, save_policy
+    from race_core.policy import load_policy, pad_token_id, save_policy
 
+    config = config or SFTConfig()
     if not trajectories:
         raise ValueError("train_sft needs at least one trajectory")
     started = time.perf_counter()
@@ -181,7 +154,7 @@ def train_sft(
     generator = torch.Generator().manual_seed(config.seed)
     renderer = Renderer(tokenizer)
     examples = encode_examples(renderer, trajectories, config.max_length)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    pad_id = pad_token_id(tokenizer)
 
     trained = _apply_lora(model, config) if config.lora else model
     params = [p for p in trained.parameters() if p.requires_grad]

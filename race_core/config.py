@@ -1,0 +1,268 @@
+"""Every setting of the pipeline, one frozen dataclass per stage (the TRL habit: one config, each
+field with its default and a line that says what it does).
+
+`PipelineConfig` combines them. It is the one place where a default lives: the Prefect flow takes
+it as its parameter (the UI renders it as a nested form), the `race run` / `race cover` options
+are generated from its fields (`race_core.cli_options`), the demo and the deployments are
+instances of it, each stage receives its own part, and a stage's storage key hashes the part it
+ran. This module imports no torch, Prefect or storage, so reading it costs nothing.
+
+A field's help text is the comment written after it in this file (`field_help`).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import math
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+from race_core.envs.calculator import DEFAULT_MAX_TURNS
+from race_core.schema import DEFAULT_LIMITS, Limits
+
+DEFAULT_EPSILON = 1e-3  # the cover's tolerance ε (DESIGN §4)
+
+STAGES = ("ingest", "validate", "cover", "compress", "sft", "sample", "rl", "evaluate")
+COVER_STAGES = STAGES[:4]
+BACKENDS = ("hf", "vllm")
+DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+          "float16": "float16", "fp16": "float16"}
+
+
+def canonical_dtype(name: str) -> str:
+    """`bf16` -> `bfloat16`, `fp32` -> `float32`, ...; an unknown name is an error naming the choices."""
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}: expected one of {sorted(DTYPES)}") from None
+
+
+@dataclass(frozen=True)
+class IngestConfig:
+    """Reading the input JSONL (DESIGN §2)."""
+
+    max_field_chars: int = DEFAULT_LIMITS.max_field_chars  # longest text field accepted, in characters (0: no limit)
+    max_turns: int = DEFAULT_LIMITS.max_turns  # most turns a trajectory may have (0: no limit)
+    strict: bool = False  # stop the run if any input line is rejected
+
+    def limits(self) -> Limits:
+        return Limits(max_field_chars=self.max_field_chars, max_turns=self.max_turns)
+
+
+@dataclass(frozen=True)
+class CoverConfig:
+    """The LoGiC cover: the settings that decide which reasoning is removed."""
+
+    epsilon: float = DEFAULT_EPSILON  # largest allowed drop of any later action's mean log-likelihood
+    backend: str = "hf"  # scoring backend: hf (transformers) or vllm
+    early_reject: bool = False  # score later actions only when the next one passes (same decisions, less work)
+
+
+@dataclass(frozen=True)
+class Resources:
+    """Where and how big the model work runs: every model-loading stage takes these."""
+
+    device: str = "cpu"  # cpu, cuda or cuda:N
+    dtype: str = "float32"  # model dtype (float32, bfloat16 / bf16, float16 / fp16); keep float32 near ε
+    batch_size: int = 16  # sequences per scoring forward
+    shard_size: int = 64  # trajectories scored together (memory grows with it)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """Supervised fine-tuning on the compressed trajectories (assistant tokens only).
+
+    steps: optimizer steps; 0 means `epochs` passes over the data. batch_size counts trajectories
+    per micro-batch; an optimizer step sees batch_size × grad_accumulation trajectories.
+    Learning rate: linear warmup over `warmup_steps`, then cosine decay to `min_lr_ratio` × lr.
+    """
+
+    lr: float = 1e-3  # peak learning rate
+    epochs: int = 1  # passes over the data when steps is 0
+    steps: int = 0  # optimizer steps (0: epochs passes)
+    batch_size: int = 8  # trajectories per micro-batch
+    grad_accumulation: int = 1  # micro-batches per optimizer step
+    max_length: int = 1024  # longest rendered trajectory, in tokens (longer ones are cut)
+    seed: int = 0  # shuffling, dropout and LoRA init
+    weight_decay: float = 0.0  # AdamW weight decay
+    warmup_steps: int = 0  # linear warmup steps
+    min_lr_ratio: float = 0.1  # cosine decay floor, as a share of lr
+    max_grad_norm: float = 1.0  # gradient clipping (0: off)
+    adam_beta2: float = 0.999  # 0.95 damps the loss spikes of small models at high learning rates
+    length_grouping: bool = True  # batch examples of similar length together (less padding)
+    lora: bool = False  # train LoRA adapters (merged after training) instead of all weights
+    lora_r: int = 8  # LoRA rank
+    lora_alpha: int = 16  # LoRA alpha
+    lora_dropout: float = 0.0  # LoRA dropout
+    lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")  # modules given adapters
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    """Cover-aware RL on on-policy calculator rollouts (DESIGN §5). The cover's ε is the pipeline's."""
+
+    iterations: int = 1  # sample -> update rounds
+    tasks_per_iteration: int = 8  # K calculator tasks per iteration
+    group_size: int = 4  # G rollouts per task (the GRPO group)
+    temperature: float = 1.0  # sampling temperature
+    top_p: float = 1.0  # nucleus sampling
+    max_new_tokens: int = 96  # per assistant turn
+    max_turns: int = DEFAULT_MAX_TURNS  # turn budget of an episode
+    clip: float = 0.2  # c of the clipped surrogate
+    closure_weight: float = 0.02  # λ of the closure term
+    lr: float = 1e-5  # AdamW learning rate
+    weight_decay: float = 0.0  # AdamW weight decay
+    inner_steps: int = 1  # optimizer steps on one batch of rollouts
+    max_grad_norm: float = 1.0  # gradient clipping (0: off)
+    seed: int = 0  # sampling (seed + iteration) and the update
+    difficulty: int | None = None  # operations per training task (None: 1-3 at random)
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Held-out evaluation in the calculator: greedy success and reasoning tokens per episode."""
+
+    tasks: int = 100  # held-out tasks
+    seed: int = 0  # which held-out tasks
+    max_turns: int = DEFAULT_MAX_TURNS  # turn budget of an episode
+    max_new_tokens: int = 96  # per assistant turn
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """One run of the pipeline: inputs, checkpoint, store, which stages, and each stage's settings."""
+
+    inputs: tuple[str, ...] = ()  # JSONL files, globs or fsspec URLs of successful trajectories
+    checkpoint: str = ""  # local save_pretrained folder of the policy (nothing is downloaded)
+    store: str = ".race/store"  # artifact store: a folder or an fsspec URL (s3://...)
+    stages: tuple[str, ...] = STAGES  # the stages to run, in pipeline order
+    report_dir: str | None = None  # write report.md, plots and summary.json here
+    ingest: IngestConfig = field(default_factory=IngestConfig)
+    cover: CoverConfig = field(default_factory=CoverConfig)
+    resources: Resources = field(default_factory=Resources)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    rl: RLConfig = field(default_factory=RLConfig)
+    evaluate: EvalConfig = field(default_factory=EvalConfig)
+
+    def with_seed(self, seed: int) -> PipelineConfig:
+        """The same seed for SFT, RL and evaluation (the CLI's `--seed`)."""
+        return replace(self, **{"sft.seed": seed, "rl.seed": seed, "evaluate.seed": seed})
+
+    def check(self) -> PipelineConfig:
+        """Fail early with a message naming the bad parameter; returns self."""
+        if not self.inputs:
+            raise ValueError("parameter 'inputs': give at least one JSONL file, glob or URL")
+        unknown = sorted(set(self.stages) - set(STAGES))
+        if unknown:
+            raise ValueError(f"parameter 'stages': unknown {unknown}; known stages are {list(STAGES)}")
+        if self.rl.iterations < 0:
+            raise ValueError("parameter 'rl.iterations' must be >= 0")
+        _check_cover(self.checkpoint, self.cover, self.resources)
+        return self
+
+
+# `race demo`'s settings; everything else is the library default.
+DEMO_CONFIG = PipelineConfig(
+    sft=SFTConfig(epochs=4, lr=3e-4),  # the policy is already trained; at 1e-3 its success fell 78% -> 65%
+    rl=RLConfig(iterations=1, tasks_per_iteration=8, group_size=4, lr=2e-5),
+    evaluate=EvalConfig(tasks=100),
+)
+
+
+@dataclass(frozen=True)
+class NightlyConfig:
+    """Nightly recompression: what is new in an inbox, compressed for this model and ε."""
+
+    inbox: str = "inbox/*.jsonl"  # glob or fsspec URL of the JSONL files to watch
+    checkpoint: str = ""  # local save_pretrained folder of the policy
+    store: str = ".race/store"  # artifact store: a folder or an fsspec URL
+    ingest: IngestConfig = field(default_factory=IngestConfig)
+    cover: CoverConfig = field(default_factory=CoverConfig)
+    resources: Resources = field(default_factory=Resources)
+
+    def check(self) -> NightlyConfig:
+        """The same parameter checks as the manual pipeline's; returns self."""
+        if not self.inbox:
+            raise ValueError("parameter 'inbox': give a glob or URL of JSONL files")
+        _check_cover(self.checkpoint, self.cover, self.resources)
+        return self
+
+
+def _check_cover(checkpoint: str, cover: CoverConfig, resources: Resources) -> None:
+    from pathlib import Path
+
+    if cover.backend not in BACKENDS:
+        raise ValueError(f"parameter 'cover.backend': {cover.backend!r} is not one of {BACKENDS}")
+    if not (math.isfinite(cover.epsilon) and 0 <= cover.epsilon < 10):
+        raise ValueError(f"parameter 'cover.epsilon': {cover.epsilon} is outside [0, 10)")
+    if not resources.device.startswith(("cpu", "cuda")):
+        raise ValueError(f"parameter 'resources.device': {resources.device!r} is not cpu or cuda[:N]")
+    for name in ("batch_size", "shard_size"):
+        if getattr(resources, name) < 1:
+            raise ValueError(f"parameter 'resources.{name}' must be >= 1")
+    if not (Path(checkpoint) / "config.json").exists():
+        raise ValueError(f"parameter 'checkpoint': {checkpoint!r} is not a local save_pretrained folder")
+
+
+SECTIONS = ("ingest", "cover", "resources", "sft", "rl", "evaluate")
+
+
+def replace(config: Any, **changes: Any) -> Any:
+    """`dataclasses.replace` that also takes dotted keys for nested sections: `cover.epsilon=0.01`."""
+    nested: dict[str, dict[str, Any]] = {}
+    flat: dict[str, Any] = {}
+    for key, value in changes.items():
+        head, _, rest = key.partition(".")
+        if rest:
+            nested.setdefault(head, {})[rest] = value
+        else:
+            flat[key] = value
+    for head, sub in nested.items():
+        flat[head] = replace(flat.get(head, getattr(config, head)), **sub)
+    return dataclasses.replace(config, **flat)
+
+
+def from_dict(cls: type, data: dict[str, Any]) -> Any:
+    """A config from its `asdict` form (nested dicts for sections, lists for tuples); unknown keys
+    are an error naming the key."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ValueError(f"{cls.__name__}: unknown field(s) {unknown}")
+    values = {}
+    for name, value in data.items():
+        kind = field_types(cls)[name]
+        if dataclasses.is_dataclass(kind) and isinstance(value, dict):
+            value = from_dict(kind, value)
+        elif isinstance(value, list):
+            value = tuple(value)
+        values[name] = value
+    return cls(**values)
+
+
+@cache
+def field_types(cls: type) -> dict[str, Any]:
+    """Field name -> its resolved type (annotations here are strings under `from __future__`)."""
+    import typing
+
+    return typing.get_type_hints(cls)
+
+
+@cache
+def field_help(cls: type) -> dict[str, str]:
+    """Field name -> the comment written after it in the class body (its help text)."""
+    source = inspect.getsource(cls)
+    lines = source.splitlines()
+    out: dict[str, str] = {}
+    for node in ast.parse(source).body[0].body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            text = lines[node.lineno - 1]
+            if "  # " in text:
+                out[node.target.id] = text.split("  # ", 1)[1].strip()
+    return out
