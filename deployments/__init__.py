@@ -1,35 +1,33 @@
 """Prefect deployments (DESIGN §8):
 
-- `race-pipeline/manual`: the whole pipeline, every parameter editable in the UI before a run.
-- `race-pipeline/nightly`: recompress what is new in an inbox, on a cron schedule (02:00 UTC).
+- `race-pipeline/manual`: the whole pipeline; its one parameter, the `PipelineConfig`, is a nested
+  form in the UI, editable before each run.
+- `race-nightly/nightly`: recompress what is new in an inbox, on a cron schedule (02:00 UTC).
 
-`race serve` serves both to the Prefect server named by PREFECT_API_URL.
+`race serve` serves both to the Prefect server named by PREFECT_API_URL. Both deployments are
+instances of the configs in `race_core.config`: `build_deployments(nightly)` derives the manual
+run's defaults (checkpoint, store, ingest, cover, resources) from the nightly config.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
 from typing import Any
 
-from race_core.cover import DEFAULT_EPSILON
+from race_core.config import NightlyConfig, PipelineConfig
 
 NIGHTLY_CRON = "0 2 * * *"
+MANUAL_INPUTS = ("data/*.jsonl",)
+SERVE_DEFAULTS = NightlyConfig(checkpoint=".race/checkpoints/policy")  # `race serve` without options
 
 
-@dataclass(frozen=True)
-class DeploymentDefaults:
-    inputs: tuple[str, ...] = ("data/*.jsonl",)
-    inbox: str = "inbox/*.jsonl"
-    checkpoint: str = ".race/checkpoints/policy"
-    store: str = ".race/store"
-    backend: str = "hf"
-    device: str = "cpu"
-    epsilon: float = DEFAULT_EPSILON
-    cron: str = NIGHTLY_CRON
-    timezone: str = "UTC"
+def manual_config(nightly: NightlyConfig) -> PipelineConfig:
+    """The manual deployment's defaults: the nightly run's model, store and cover settings."""
+    return PipelineConfig(inputs=MANUAL_INPUTS, checkpoint=nightly.checkpoint, store=nightly.store,
+                          ingest=nightly.ingest, cover=nightly.cover, resources=nightly.resources)
 
 
-def build_deployments(defaults: DeploymentDefaults = DeploymentDefaults()) -> list[Any]:
+def build_deployments(nightly: NightlyConfig = SERVE_DEFAULTS, cron: str = NIGHTLY_CRON, timezone: str = "UTC") -> list[Any]:
     from prefect.schedules import Cron
 
     from flows.nightly import race_nightly
@@ -38,23 +36,21 @@ def build_deployments(defaults: DeploymentDefaults = DeploymentDefaults()) -> li
     manual = race_pipeline.to_deployment(
         name="manual",
         description="Run the RACE pipeline on your trajectories; edit the parameters before each run.",
-        parameters={"inputs": list(defaults.inputs), "checkpoint": defaults.checkpoint, "store": defaults.store,
-                    "backend": defaults.backend, "device": defaults.device, "epsilon": defaults.epsilon},
+        parameters={"config": dataclasses.asdict(manual_config(nightly))},
         tags=["race"],
     )
-    nightly = race_nightly.to_deployment(
+    scheduled = race_nightly.to_deployment(
         name="nightly",
         description="Compress trajectories not yet compressed for this model and epsilon; appends a part.",
-        schedules=[Cron(defaults.cron, timezone=defaults.timezone)],
-        parameters={"inbox": defaults.inbox, "checkpoint": defaults.checkpoint, "store": defaults.store,
-                    "backend": defaults.backend, "device": defaults.device, "epsilon": defaults.epsilon},
+        schedules=[Cron(cron, timezone=timezone)],
+        parameters={"config": dataclasses.asdict(nightly)},
         tags=["race", "nightly"],
     )
-    return [manual, nightly]
+    return [manual, scheduled]
 
 
-def serve_deployments(defaults: DeploymentDefaults = DeploymentDefaults(), limit: int | None = None) -> None:
+def serve_deployments(nightly: NightlyConfig, cron: str = NIGHTLY_CRON, limit: int | None = None) -> None:
     """Register both deployments with the server and run their flow runs here until stopped."""
     from prefect import serve
 
-    serve(*build_deployments(defaults), limit=limit)
+    serve(*build_deployments(nightly, cron), limit=limit)

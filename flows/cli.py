@@ -8,6 +8,9 @@ race report --summary F            rebuild report.md and plots from a summary.js
 race serve                         serve the deployments (manual, nightly) to a Prefect server
 race gc [--delete]                 list (or remove) store objects no manifest references
 race bench scoring [--json FILE]   scoring benchmark: naive vs full-forward vs ours vs the work bound
+
+Every `race run` / `race cover` / `race demo` / `race serve` setting is a field of the configs in
+`race_core.config`; the options are generated from them (`flows.options`).
 """
 
 from __future__ import annotations
@@ -18,23 +21,12 @@ import os
 import sys
 from pathlib import Path
 
-from race_core.cover import DEFAULT_EPSILON
+from deployments import NIGHTLY_CRON, SERVE_DEFAULTS
+from flows.options import add_config_options, config_from_args
+from race_core.config import COVER_STAGES, DEMO_CONFIG, SECTIONS, PipelineConfig, replace
 
 DEFAULT_HOME = Path(".race")
-
-
-def _add_cover_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--input", nargs="+", help="JSONL trajectory files (default: a generated calculator dataset)")
-    p.add_argument("--checkpoint", help="local save_pretrained folder (default: the tiny built-in checkpoint)")
-    p.add_argument("--epsilon", type=float, default=DEFAULT_EPSILON, help="max allowed drop of an action's mean log-prob")
-    p.add_argument("--backend", choices=["hf", "vllm"], default="hf")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--early-reject", action="store_true", help="score later actions only if the next one passes")
-    p.add_argument("--store", help="artifact store root: folder or fsspec URL (default: .race/store)")
-    p.add_argument("--strict", action="store_true", help="fail if any input line is rejected")
-    p.add_argument("--home", default=str(DEFAULT_HOME), help="where built-in checkpoints and data are cached")
+COVER_SECTIONS = ("ingest", "cover", "resources")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,44 +35,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("validate", help="check trajectories against the input contract")
     p.add_argument("--input", nargs="+", required=True)
-    p.add_argument("--max-field-chars", type=int, default=1_000_000)
+    add_config_options(p, PipelineConfig(), top=(), sections=("ingest",))
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("cover", help="run the LoGiC cover and write decisions and compressed trajectories")
-    _add_cover_options(p)
+    add_config_options(p, PipelineConfig(), top=("inputs", "checkpoint", "store"), sections=COVER_SECTIONS)
     p.add_argument("--out", required=True, help="folder for decisions.parquet, compressed.parquet, rejects.parquet")
+    p.add_argument("--home", default=str(DEFAULT_HOME),
+                   help="where the default checkpoint and dataset are cached (no --input / --checkpoint)")
     p.set_defaults(func=cmd_cover)
 
     p = sub.add_parser("run", help="run the Prefect pipeline flow (cover, then training) on your data")
-    p.add_argument("--input", nargs="+", required=True, help="JSONL files, globs or fsspec URLs")
-    p.add_argument("--checkpoint", required=True, help="local save_pretrained folder of the policy")
-    p.add_argument("--store", default=str(DEFAULT_HOME / "store"), help="artifact store: folder or fsspec URL")
-    p.add_argument("--backend", choices=["hf", "vllm"], default="hf")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--epsilon", type=float, default=DEFAULT_EPSILON)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--rl-iterations", type=int, default=1)
-    p.add_argument("--stages", nargs="+", help="only these stages (default: all)")
-    p.add_argument("--strict", action="store_true")
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--early-reject", action="store_true")
-    p.add_argument("--sft-epochs", type=int, default=1)
-    p.add_argument("--sft-steps", type=int, default=0, help="optimizer steps (0: --sft-epochs passes)")
-    p.add_argument("--sft-lr", type=float, default=1e-3)
-    p.add_argument("--rl-tasks", type=int, default=8, help="calculator tasks per RL iteration")
-    p.add_argument("--rl-group-size", type=int, default=4, help="rollouts per task (GRPO group)")
-    p.add_argument("--rl-lr", type=float, default=1e-5)
-    p.add_argument("--eval-tasks", type=int, default=100, help="held-out calculator tasks per evaluation")
-    p.add_argument("--report-dir", help="write report.md, plots and summary.json here")
+    add_config_options(p, PipelineConfig(), top=("inputs", "checkpoint", "store", "stages", "report_dir"),
+                       sections=SECTIONS, required=("inputs", "checkpoint"))
+    p.add_argument("--seed", type=int, help="shorthand: the same seed for SFT, RL and evaluation")
     p.add_argument("--summary", help="write summary.json here")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("demo", help="bootstrap a small policy and run the whole pipeline, with a report")
     p.add_argument("--home", default=str(DEFAULT_HOME), help="checkpoints, data and the store (cached)")
     p.add_argument("--out", default="runs/demo", help="the report lands in OUT/report")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--epsilon", type=float, default=DEFAULT_EPSILON, help="cover tolerance")
+    p.add_argument("--seed", type=int, default=0, help="demo inputs, SFT, RL and evaluation seed")
+    add_config_options(p, DEMO_CONFIG, top=(), sections=SECTIONS)
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("report", help="rebuild report.md and the plots from summary.json")
@@ -89,14 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="report folder (default: the summary's folder)")
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("serve", help="serve the race-pipeline/manual and race-pipeline/nightly deployments")
-    p.add_argument("--inbox", default="inbox/*.jsonl", help="nightly: glob or URL of new JSONL files")
-    p.add_argument("--checkpoint", default=str(DEFAULT_HOME / "checkpoints" / "policy"))
-    p.add_argument("--store", default=str(DEFAULT_HOME / "store"))
-    p.add_argument("--cron", default="0 2 * * *", help="nightly schedule (UTC)")
-    p.add_argument("--epsilon", type=float, default=DEFAULT_EPSILON)
-    p.add_argument("--backend", choices=["hf", "vllm"], default="hf")
-    p.add_argument("--device", default="cpu")
+    p = sub.add_parser("serve", help="serve the race-pipeline/manual and race-nightly/nightly deployments")
+    add_config_options(p, SERVE_DEFAULTS, top=("inbox", "checkpoint", "store"), sections=COVER_SECTIONS)
+    p.add_argument("--cron", default=NIGHTLY_CRON, help="nightly schedule (UTC)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("gc", help="objects of the store that no manifest references")
@@ -104,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--delete", action="store_true", help="remove them (default: dry run, list only)")
     p.set_defaults(func=cmd_gc)
 
-    from race_core.bench_scoring import add_bench_parser
+    from bench.cli import add_bench_parser
 
     add_bench_parser(sub)
     return parser
@@ -120,15 +91,16 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (FileNotFoundError, ValueError, ImportError) as exc:
+    except (FileNotFoundError, ValueError, ImportError, LookupError) as exc:
         print(f"race {args.command}: error: {exc}", file=sys.stderr)
         return 2
 
 
 def cmd_validate(args) -> int:
-    from race_core.schema import Limits, read_jsonl
+    from race_core.schema import read_jsonl
 
-    good, rejects = read_jsonl(args.input, Limits(max_field_chars=args.max_field_chars))
+    config = config_from_args(PipelineConfig(), args)
+    good, rejects = read_jsonl(args.input, config.ingest.limits())
     print(f"valid trajectories: {len(good)}")
     print(f"rejected lines: {len(rejects)}")
     for r in rejects:
@@ -137,23 +109,11 @@ def cmd_validate(args) -> int:
 
 
 def cmd_cover(args) -> int:
-    from flows.cover_job import CoverJob, run_cover_job
+    from tasks.local import run_cover
 
-    home = Path(args.home)
-    job = CoverJob(
-        inputs=[str(p) for p in args.input] if args.input else None,
-        checkpoint=args.checkpoint,
-        epsilon=args.epsilon,
-        backend=args.backend,
-        device=args.device,
-        dtype=args.dtype,
-        batch_size=args.batch_size,
-        early_reject=args.early_reject,
-        store=args.store or str(home / "store"),
-        strict=args.strict,
-        home=str(home),
-    )
-    summary = run_cover_job(job, out_dir=Path(args.out), log=lambda m: print(m, file=sys.stderr))
+    config = replace(config_from_args(PipelineConfig(store=str(Path(args.home) / "store")), args),
+                     stages=COVER_STAGES)
+    summary = run_cover(config, out_dir=Path(args.out), home=Path(args.home), log=lambda m: print(m, file=sys.stderr))
     print(json.dumps(summary, indent=2))
     return 0
 
@@ -162,14 +122,10 @@ def cmd_run(args) -> int:
     _prefect_defaults()
     from flows.pipeline import race_pipeline
 
-    summary = race_pipeline(
-        inputs=list(args.input), checkpoint=args.checkpoint, store=args.store, backend=args.backend,
-        device=args.device, dtype=args.dtype, epsilon=args.epsilon, seed=args.seed,
-        rl_iterations=args.rl_iterations, stages=args.stages, strict=args.strict, batch_size=args.batch_size,
-        early_reject=args.early_reject, sft_epochs=args.sft_epochs, sft_steps=args.sft_steps, sft_lr=args.sft_lr,
-        rl_tasks=args.rl_tasks, rl_group_size=args.rl_group_size, rl_lr=args.rl_lr, eval_tasks=args.eval_tasks,
-        report_dir=args.report_dir,
-    )
+    config = config_from_args(PipelineConfig(), args)
+    if args.seed is not None:
+        config = config.with_seed(args.seed)
+    summary = race_pipeline(config=config)
     text = json.dumps(summary, indent=2)
     if args.summary:
         Path(args.summary).parent.mkdir(parents=True, exist_ok=True)
@@ -182,7 +138,7 @@ def cmd_demo(args) -> int:
     _prefect_defaults()
     from flows.demo import race_demo
 
-    summary = race_demo(home=args.home, out=args.out, seed=args.seed, epsilon=args.epsilon)
+    summary = race_demo(home=args.home, out=args.out, seed=args.seed, config=config_from_args(DEMO_CONFIG, args))
     report = Path(args.out) / "report"
     evals = summary.get("eval", {})
     print(json.dumps({"stages": summary["stages"], "cover": summary.get("cover"), "eval": evals}, indent=2))
@@ -211,15 +167,13 @@ def cmd_report(args) -> int:
 
 def cmd_serve(args) -> int:
     _prefect_defaults()
-    from deployments import DeploymentDefaults, serve_deployments
+    from deployments import serve_deployments
 
     if not os.environ.get("PREFECT_API_URL"):
         print("race serve: PREFECT_API_URL is not set; start a server (`prefect server start`) and export "
               "PREFECT_API_URL=http://127.0.0.1:4200/api", file=sys.stderr)
         return 2
-    serve_deployments(DeploymentDefaults(inbox=args.inbox, checkpoint=args.checkpoint, store=args.store,
-                                         cron=args.cron, epsilon=args.epsilon, backend=args.backend,
-                                         device=args.device))
+    serve_deployments(config_from_args(SERVE_DEFAULTS, args), cron=args.cron)
     return 0
 
 

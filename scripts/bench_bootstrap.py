@@ -21,8 +21,7 @@ from pathlib import Path
 
 def main() -> None:
     from race_core.evaluate import evaluate_policy, heldout_tasks
-    from race_core.policy import load_policy
-    from race_core.tiny import checkpoint_digest
+    from race_core.policy import checkpoint_digest, load_policy
     from race_core.train.bootstrap import BootstrapConfig, bootstrap_policy
 
     defaults = BootstrapConfig()

@@ -19,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from race_core.config import DEFAULT_EPSILON  # noqa: E402
 from storage.parquet import DatasetWriter  # noqa: E402
 
 
@@ -29,18 +30,18 @@ def decision_rows(n: int, seed: int = 0) -> Iterator[dict]:
     for i in range(n):
         turn = i % 8
         skipped_empty = rng.random() < 0.05
-        drops = [] if skipped_empty else [rng.gauss(0.0, 1e-3) for _ in range(8 - turn)]
+        drops = [] if skipped_empty else [rng.gauss(0.0, DEFAULT_EPSILON) for _ in range(8 - turn)]
         max_drop = max(drops) if drops else None
         yield {
             "trajectory_id": f"{i // 8:064x}",
             "turn": turn,
-            "accepted": max_drop is not None and max_drop <= 1e-3,
+            "accepted": max_drop is not None and max_drop <= DEFAULT_EPSILON,
             "skipped_empty": skipped_empty,
             "drops": drops,
             "max_drop": max_drop,
             "reasoning_tokens": rng.randint(0, 400),
             "action_tokens": rng.randint(1, 60),
-            "epsilon": 1e-3,
+            "epsilon": DEFAULT_EPSILON,
             "model_digest": model,
             "backend": "hf",
         }

@@ -3,7 +3,7 @@
     python scripts/bench_scoring.py [--models tiny 20m] [--turns 8 | --sweep] [--json FILE]
     python scripts/bench_scoring.py --memory --models tiny      # peak RSS, N=64 vs N=512
 
-The same as `race bench scoring`; see race_core/bench_scoring.py.
+The same as `race bench scoring`; see the `bench/` package (bench/scoring.py, bench/memory.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from race_core.bench_scoring import main  # noqa: E402
+from bench.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -24,8 +24,9 @@ import time
 
 from race_core.cover import DEFAULT_EPSILON, logic_cover
 from race_core.envs.expert import expert_dataset
+from race_core.policy import checkpoint_digest
 from race_core.scoring import ScoreRequest, make_scorer
-from race_core.tiny import BENCH_20M, DEMO, TINY, checkpoint_digest, ensure_checkpoint
+from race_core.tiny import BENCH_20M, DEMO, TINY, ensure_checkpoint
 
 # Head sizes vLLM's kernels take start at 32: the tiny preset runs with 2 heads (64 / 2).
 PRESETS = {"tiny": TINY, "demo": DEMO, "20m": BENCH_20M}

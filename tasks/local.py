@@ -1,36 +1,22 @@
-"""`race cover`: ingest -> score -> decide without orchestration, then the Parquet files copied
-to an output folder. Same stage functions (and so the same cache) as the Prefect flow."""
+"""The cover half of the pipeline in this process, without Prefect (`race cover`): ingest ->
+validate -> cover -> compress, then the Parquet files copied to an output folder. The same stage
+functions (and so the same store and cache) as the Prefect flow."""
 
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from race_core.tiny import TINY, checkpoint_digest, ensure_checkpoint
+from race_core.config import PipelineConfig
+from race_core.policy import checkpoint_digest
+from race_core.tiny import TINY, ensure_checkpoint
 from storage import ArtifactStore
 from tasks import stages
 
 DEMO_DATASET_SIZE = 24
 DEMO_DATASET_SEED = 7
-
-
-@dataclass(frozen=True)
-class CoverJob:
-    inputs: list[str] | None = None  # None: a generated calculator dataset
-    checkpoint: str | None = None  # None: the built-in tiny checkpoint
-    epsilon: float = 1e-3
-    backend: str = "hf"
-    device: str = "cpu"
-    dtype: str = "float32"
-    batch_size: int = 16
-    early_reject: bool = False
-    store: str = ".race/store"
-    strict: bool = False
-    home: str = ".race"
 
 
 def demo_inputs(home: Path, n: int = DEMO_DATASET_SIZE, seed: int = DEMO_DATASET_SEED) -> list[str]:
@@ -46,44 +32,38 @@ def demo_inputs(home: Path, n: int = DEMO_DATASET_SIZE, seed: int = DEMO_DATASET
     return [str(path)]
 
 
-def run_cover_job(job: CoverJob, out_dir: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
-    home = Path(job.home)
-    inputs = job.inputs or demo_inputs(home)
-    checkpoint = job.checkpoint or str(ensure_checkpoint(home / "checkpoints", TINY))
-    store = ArtifactStore(job.store)
+def run_cover(config: PipelineConfig, out_dir: Path, home: Path, log: Callable[[str], None] = print
+              ) -> dict[str, Any]:
+    """The cover stages of `config` (no inputs: a generated calculator dataset; no checkpoint: the
+    built-in tiny one); returns the summary."""
+    inputs = list(config.inputs) or demo_inputs(home)
+    checkpoint = config.checkpoint or str(ensure_checkpoint(home / "checkpoints", TINY))
+    store = ArtifactStore(config.store)
     timings: dict[str, Any] = {}
 
-    def timed(name: str, fn, *args, **kwargs) -> dict[str, Any]:
-        started = time.perf_counter()
-        manifest = fn(*args, **kwargs)
-        timings[name] = {"cached": manifest["cached"], "wall_s": round(time.perf_counter() - started, 3)}
-        log(f"{name}: {'cached' if manifest['cached'] else 'done'} in {timings[name]['wall_s']:.1f}s")
+    def timed(name: str, manifest: dict[str, Any]) -> dict[str, Any]:
+        timings[name] = {"cached": manifest["cached"], "wall_s": manifest["wall_s"]}
+        log(f"{name}: {'cached' if manifest['cached'] else 'done'} in {manifest['wall_s']:.1f}s")
         return manifest
 
-    ingested = timed("ingest", stages.ingest, store, inputs, log=log)
-    metrics = ingested["metrics"]
-    if job.strict and metrics["rejected"]:
-        raise ValueError(f"{metrics['rejected']} input line(s) rejected and --strict is set; "
-                         "see rejects.parquet or run `race validate`")
+    ingested = timed("ingest", stages.ingest(store, inputs, config.ingest, log=log))
+    metrics = stages.validate(ingested, config.ingest)
     model_digest = checkpoint_digest(checkpoint)
-    config = stages.CoverConfig(epsilon=job.epsilon, backend=job.backend, dtype=job.dtype,
-                                early_reject=job.early_reject)
-    resources = stages.ScoringResources(device=job.device, batch_size=job.batch_size)
     trajectories = ingested["objects"]["trajectories"]
-    scored = timed("score", stages.score, store, trajectories, checkpoint, model_digest, config, resources, log=log)
-    decided = timed("decide", stages.decide, store, trajectories, scored["objects"]["decisions"], checkpoint,
-                    model_digest, job.epsilon, log=log)
-
+    decided = timed("cover", stages.cover(store, trajectories, checkpoint, model_digest, config.cover,
+                                          config.resources, log=log))
+    compressed = timed("compress", stages.compress(store, trajectories, decided["objects"]["decisions"], checkpoint,
+                                                   model_digest, config.cover.epsilon, log=log))
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, digest in [("rejects", ingested["objects"]["rejects"]),
-                         ("decisions", scored["objects"]["decisions"]),
-                         ("compressed", decided["objects"]["compressed"])]:
+                         ("decisions", decided["objects"]["decisions"]),
+                         ("compressed", compressed["objects"]["compressed"])]:
         store.get_file(digest, out_dir / f"{name}.parquet")
     _print_removals(out_dir, log)
     return {"stages": timings, "trajectories": {"ingested": metrics["ingested"], "rejected": metrics["rejected"]},
-            "cover": {k: decided["metrics"][k] for k in ("candidates", "removed", "reasoning_tokens_before",
-                                                          "reasoning_tokens_after")},
-            "model_digest": model_digest, "epsilon": job.epsilon, "out": str(out_dir)}
+            "cover": {k: compressed["metrics"][k] for k in ("candidates", "removed", "reasoning_tokens_before",
+                                                             "reasoning_tokens_after")},
+            "model_digest": model_digest, "epsilon": config.cover.epsilon, "out": str(out_dir)}
 
 
 def _print_removals(out_dir: Path, log: Callable[[str], None], limit: int = 20) -> None:

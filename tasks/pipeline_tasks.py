@@ -1,7 +1,9 @@
 """Prefect tasks: one per stage, thin wrappers over `tasks.stages` (DESIGN §8).
 
 Each task has its own retries and delay; GPU stages carry the tag `gpu` (concurrency limits by
-tag). A task's result is its stage manifest, a small JSON dict of digests and metrics. Whether a
+tag). Tasks take the typed configs of `race_core.config` and return their stage manifest, a small
+JSON dict of digests and metrics; `only_cached=True` (a stage left out of the run) returns the
+stored manifest or fails naming the stage. Whether a
 stage runs at all is decided by its storage stage key: a manifest under that key is the cached
 result (Prefect's own result cache is off, so there is one source of truth, which survives a killed
 process and is shared with `race cover`). Each task publishes a markdown summary artifact.
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from prefect import get_run_logger, task
@@ -22,8 +25,10 @@ from prefect.artifacts import (
 )
 from prefect.cache_policies import NO_CACHE
 
+from race_core.config import CoverConfig, EvalConfig, IngestConfig, Resources, RLConfig, SFTConfig
 from storage import ArtifactStore
 from tasks import stages, training_stages
+from tasks.training_stages import PolicyRef
 
 RETRIES = int(os.environ.get("RACE_TASK_RETRIES", "2"))
 RETRY_DELAY_S = float(os.environ.get("RACE_RETRY_DELAY_S", "5"))
@@ -71,114 +76,97 @@ def with_oom_backoff(run: Callable[[int], dict[str, Any]], batch_size: int, log:
 
 
 @task(name="ingest", retries=RETRIES, retry_delay_seconds=RETRY_DELAY_S, cache_policy=NO_CACHE)
-def ingest_task(store_url: str, inputs: list[str], max_field_chars: int = 1_000_000) -> dict[str, Any]:
-    manifest = stages.ingest(ArtifactStore(store_url), inputs, stages.IngestConfig(max_field_chars=max_field_chars),
-                             log=_logger_fn())
+def ingest_task(store_url: str, inputs: list[str], config: IngestConfig, only_cached: bool = False) -> dict[str, Any]:
+    manifest = stages.ingest(ArtifactStore(store_url), inputs, config, log=_logger_fn(), only_cached=only_cached)
     publish_summary("ingest", manifest)
     return manifest
 
 
 @task(name="validate", retries=0, cache_policy=NO_CACHE)
-def validate_task(ingest_manifest: dict[str, Any], strict: bool) -> dict[str, Any]:
-    """Gate before scoring: with `strict`, any rejected line fails the run here."""
-    metrics = ingest_manifest["metrics"]
-    if metrics["ingested"] == 0:
-        raise ValueError("no valid trajectory in the input; see rejects.parquet (race validate lists them)")
-    if strict and metrics["rejected"]:
-        raise ValueError(f"{metrics['rejected']} input line(s) rejected and strict is set; "
-                         "see rejects.parquet (race validate lists them)")
-    return metrics
+def validate_task(ingested: dict[str, Any], config: IngestConfig) -> dict[str, Any]:
+    return stages.validate(ingested, config)
 
 
-@task(name="score", retries=RETRIES, retry_delay_seconds=RETRY_DELAY_S, tags=["gpu"], cache_policy=NO_CACHE)
-def score_task(store_url: str, trajectories_digest: str, trajectory_count: int, checkpoint: str,
-               model_digest: str, config: dict[str, Any], device: str = "cpu", batch_size: int = 16,
-               shard_size: int = 64) -> dict[str, Any]:
+@task(name="cover", retries=RETRIES, retry_delay_seconds=RETRY_DELAY_S, tags=["gpu"], cache_policy=NO_CACHE)
+def cover_task(store_url: str, trajectories: dict[str, Any], policy: PolicyRef, config: CoverConfig,
+               resources: Resources, only_cached: bool = False) -> dict[str, Any]:
+    """The LoGiC cover (Algorithm 1) over the trajectories of an ingest (or select-new) manifest -> decisions."""
     log = _logger_fn()
-    progress_id = create_progress_artifact(0.0, key="race-score-progress", description="LoGiC cover progress")
+    progress_id = create_progress_artifact(0.0, key="race-cover-progress", description="LoGiC cover progress")
 
     def run(batch: int) -> dict[str, Any]:
-        return stages.score(ArtifactStore(store_url), trajectories_digest, checkpoint, model_digest,
-                            stages.CoverConfig(**config),
-                            stages.ScoringResources(device=device, batch_size=batch, shard_size=shard_size),
-                            log=log, trajectory_count=trajectory_count,
+        return stages.cover(ArtifactStore(store_url), trajectories["objects"]["trajectories"], policy.path,
+                            policy.digest, config, replace(resources, batch_size=batch), log=log,
+                            trajectory_count=stages.trajectory_count(trajectories), only_cached=only_cached,
                             on_progress=lambda f: update_progress_artifact(progress_id, round(100 * f, 1)))
 
-    manifest = with_oom_backoff(run, batch_size, log)
+    manifest = with_oom_backoff(run, resources.batch_size, log)
     update_progress_artifact(progress_id, 100.0)
-    publish_summary("score", manifest)
+    publish_summary("cover", manifest)
     return manifest
 
 
-@task(name="decide", retries=RETRIES, retry_delay_seconds=RETRY_DELAY_S, cache_policy=NO_CACHE)
-def decide_task(store_url: str, trajectories_digest: str, decisions_digest: str, checkpoint: str,
-                model_digest: str, epsilon: float) -> dict[str, Any]:
-    manifest = stages.decide(ArtifactStore(store_url), trajectories_digest, decisions_digest, checkpoint,
-                             model_digest, epsilon, log=_logger_fn())
-    publish_summary("decide", manifest)
+@task(name="compress", retries=RETRIES, retry_delay_seconds=RETRY_DELAY_S, cache_policy=NO_CACHE)
+def compress_task(store_url: str, trajectories: dict[str, Any], decided: dict[str, Any], policy: PolicyRef,
+                  epsilon: float, only_cached: bool = False) -> dict[str, Any]:
+    """Apply the cover's accepted removals -> compressed trajectories."""
+    manifest = stages.compress(ArtifactStore(store_url), trajectories["objects"]["trajectories"],
+                               decided["objects"]["decisions"], policy.path, policy.digest, epsilon,
+                               log=_logger_fn(), only_cached=only_cached)
+    publish_summary("compress", manifest)
     return manifest
 
 
 @task(name="select-new", retries=RETRIES, retry_delay_seconds=RETRY_DELAY_S, cache_policy=NO_CACHE)
-def select_new_task(store_url: str, trajectories_digests: list[str], model_digest: str,
-                    config: dict[str, Any]) -> dict[str, Any]:
-    manifest = stages.select_new(ArtifactStore(store_url), trajectories_digests, model_digest,
-                                 stages.CoverConfig(**config), log=_logger_fn())
+def select_new_task(store_url: str, trajectories_digests: list[str], model_digest: str, config: CoverConfig,
+                    resources: Resources) -> dict[str, Any]:
+    manifest = stages.select_new(ArtifactStore(store_url), trajectories_digests, model_digest, config, resources,
+                                 log=_logger_fn())
     publish_summary("select-new", manifest)
     return manifest
 
 
 @task(name="catalog-append", retries=RETRIES, retry_delay_seconds=RETRY_DELAY_S, cache_policy=NO_CACHE)
 def record_part_task(store_url: str, compressed_digest: str, ids: list[str], model_digest: str,
-                     config: dict[str, Any]) -> dict[str, Any]:
-    return stages.record_part(ArtifactStore(store_url), compressed_digest, ids, model_digest,
-                              stages.CoverConfig(**config))
+                     config: CoverConfig, resources: Resources) -> dict[str, Any]:
+    return stages.record_part(ArtifactStore(store_url), compressed_digest, ids, model_digest, config, resources)
 
 
 # -- training stages ---------------------------------------------------------------------------
 @task(name="sft", retries=RETRIES, retry_delay_seconds=RETRY_DELAY_S, tags=["gpu"], cache_policy=NO_CACHE)
-def sft_task(store_url: str, compressed_digest: str, base_checkpoint: str, base_digest: str,
-             config: dict[str, Any]) -> dict[str, Any]:
-    from race_core.train.sft import SFTConfig
-
-    manifest = training_stages.sft(ArtifactStore(store_url), compressed_digest, base_checkpoint, base_digest,
-                                   SFTConfig(**config), log=_logger_fn())
+def sft_task(store_url: str, compressed: dict[str, Any], base: PolicyRef, config: SFTConfig, resources: Resources,
+             only_cached: bool = False) -> dict[str, Any]:
+    manifest = training_stages.sft(ArtifactStore(store_url), compressed["objects"]["compressed"], base, config,
+                                   resources, log=_logger_fn(), only_cached=only_cached)
     publish_summary("sft", manifest)
     return manifest
 
 
 @task(name="sample", retries=RETRIES, retry_delay_seconds=RETRY_DELAY_S, tags=["gpu"], cache_policy=NO_CACHE)
-def sample_task(store_url: str, policy_folder: str, policy_digest: str, config: dict[str, Any],
-                iteration: int) -> dict[str, Any]:
-    manifest = training_stages.sample(ArtifactStore(store_url), policy_folder, policy_digest, _rl_config(config),
-                                      iteration, log=_logger_fn())
+def sample_task(store_url: str, policy: PolicyRef | dict[str, Any], config: RLConfig, resources: Resources,
+                iteration: int, only_cached: bool = False) -> dict[str, Any]:
+    manifest = training_stages.sample(ArtifactStore(store_url), PolicyRef.of(policy), config, resources, iteration,
+                                      log=_logger_fn(), only_cached=only_cached)
     publish_summary("sample", manifest)
     return manifest
 
 
 @task(name="rl", retries=RETRIES, retry_delay_seconds=RETRY_DELAY_S, tags=["gpu"], cache_policy=NO_CACHE)
-def rl_task(store_url: str, policy_folder: str, policy_digest: str, rollouts_digest: str,
-            config: dict[str, Any]) -> dict[str, Any]:
-    manifest = training_stages.rl(ArtifactStore(store_url), policy_folder, policy_digest, rollouts_digest,
-                                  _rl_config(config), log=_logger_fn())
+def rl_task(store_url: str, policy: PolicyRef | dict[str, Any], sampled: dict[str, Any], config: RLConfig,
+            epsilon: float, resources: Resources, iteration: int, only_cached: bool = False) -> dict[str, Any]:
+    manifest = training_stages.rl(ArtifactStore(store_url), PolicyRef.of(policy), sampled["objects"]["rollouts"],
+                                  config, epsilon, resources, iteration, log=_logger_fn(), only_cached=only_cached)
     publish_summary("rl", manifest)
     return manifest
 
 
 @task(name="evaluate", retries=RETRIES, retry_delay_seconds=RETRY_DELAY_S, tags=["gpu"], cache_policy=NO_CACHE)
-def evaluate_task(store_url: str, checkpoint: str | None, policy_folder: str | None, policy_digest: str,
-                  tasks: int, seed: int, label: str) -> dict[str, Any]:
-    store = ArtifactStore(store_url)
-    local = checkpoint or training_stages.materialize(store, policy_folder)
-    manifest = training_stages.evaluate(store, local, policy_digest, tasks, seed, log=_logger_fn(), label=label)
+def evaluate_task(store_url: str, policy: PolicyRef | dict[str, Any], config: EvalConfig, resources: Resources,
+                  label: str, only_cached: bool = False) -> dict[str, Any]:
+    manifest = training_stages.evaluate(ArtifactStore(store_url), PolicyRef.of(policy), config, resources, label,
+                                        log=_logger_fn(), only_cached=only_cached)
     publish_summary(f"evaluate-{label.replace('_', '-')}", manifest)
     return manifest
-
-
-def _rl_config(config: dict[str, Any]):
-    from race_core.train.rl import RLConfig
-
-    return RLConfig(**config)
 
 
 @task(name="report", retries=RETRIES, retry_delay_seconds=RETRY_DELAY_S, cache_policy=NO_CACHE)

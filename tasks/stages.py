@@ -1,10 +1,19 @@
 """The pipeline's stages as plain functions: manifests in, manifests out (DESIGN §7, §8).
 
-Each stage computes its key from (stage name, version, config, input digests, model digest); if the
-store holds a manifest under that key the stage returns it (`cached: True`) without running.
-Otherwise it computes, puts its objects, and writes the manifest last (the commit point). These
-functions know nothing of Prefect: `tasks/` wraps them as tasks, and `race cover` calls them
-directly. They pass digests, never tensors or DataFrames.
+Each stage computes its key from (stage name, version, the config it runs, input digests, model
+digest); if the store holds a manifest under that key the stage returns it (`cached: True`) without
+running. Otherwise it computes, puts its objects, and writes the manifest last (the commit point).
+With `only_cached=True` a stage never computes: it returns the stored manifest or raises
+`StageNotRun` (a pipeline run that leaves a stage out still uses that stage's stored output).
+These functions know nothing of Prefect: `tasks/` wraps them as tasks, and `race cover` calls them
+directly. They take the typed configs of `race_core.config` and pass digests, never tensors or
+DataFrames.
+
+Stage names (in the store's `stages/<name>/`): ingest, cover (all of Algorithm 1: the decisions),
+compress (applies them), sft, sample, rl, evaluate. Stores written before the rename kept the cover
+under `stages/score/` and compression under `stages/decide/`; those manifests are no longer read
+(their keys hashed other configs anyway): the next run recomputes, and `race gc` keeps every object
+an old manifest still references.
 """
 
 from __future__ import annotations
@@ -13,12 +22,13 @@ import glob
 import hashlib
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 import fsspec
 
-from race_core.schema import DEFAULT_LIMITS, Limits, Reject, Trajectory, iter_jsonl_stream
+from race_core.config import CoverConfig, IngestConfig, Resources
+from race_core.schema import Limits, Reject, Trajectory, iter_jsonl_stream
 from storage import ArtifactStore, stage_key
 from storage.parquet import (
     DatasetWriter,
@@ -34,15 +44,29 @@ def _quiet(_: str) -> None:
     return None
 
 
+class StageNotRun(LookupError):
+    """A stage left out of a run has no stored output for these inputs."""
+
+    def __init__(self, stage: str):
+        self.stage = stage
+        super().__init__(f"stage {stage!r} was not selected and the store holds no output of it for these "
+                         f"inputs and settings: add {stage!r} to the stages to run")
+
+
 def run_stage(store: ArtifactStore, stage: str, version: int, config: dict[str, Any],
               inputs: dict[str, str], model_digest: str | None,
-              compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """Return the stage's manifest, computing it only when the store has none under its key."""
+              compute: Callable[[], dict[str, Any]], only_cached: bool = False) -> dict[str, Any]:
+    """Return the stage's manifest, computing it only when the store has none under its key.
+
+    A returned manifest carries `cached` and `wall_s` (this call's time; a computed manifest
+    stores its compute time as `wall_s` too)."""
+    started = time.perf_counter()
     key = stage_key(stage, version, config, inputs, model_digest)
     existing = store.read_manifest(stage, key)
     if existing is not None:
-        return {**existing, "cached": True}
-    started = time.perf_counter()
+        return {**existing, "cached": True, "wall_s": round(time.perf_counter() - started, 3)}
+    if only_cached:
+        raise StageNotRun(stage)
     produced = compute()
     manifest = store.write_manifest(stage, key, {
         **produced, "inputs": inputs, "config": config, "model_digest": model_digest,
@@ -86,20 +110,14 @@ def _read_items(url: str, limits: Limits) -> Iterator[Trajectory | Reject]:
         yield from iter_jsonl_stream(fh, url, limits)
 
 
-@dataclass(frozen=True)
-class IngestConfig:
-    max_field_chars: int = DEFAULT_LIMITS.max_field_chars
-    max_turns: int = DEFAULT_LIMITS.max_turns
-
-
 def ingest(store: ArtifactStore, inputs: Iterable[str], config: IngestConfig = IngestConfig(),
-           log: Log = _quiet) -> dict[str, Any]:
+           log: Log = _quiet, only_cached: bool = False) -> dict[str, Any]:
     """JSONL files -> `trajectories` + `rejects` Parquet. Duplicates (same id) are kept once."""
     files = expand_inputs(inputs)
     digests = {f: file_digest(f) for f in files}
 
     def compute() -> dict[str, Any]:
-        limits = Limits(max_field_chars=config.max_field_chars, max_turns=config.max_turns)
+        limits = config.limits()
         seen: set[str] = set()
         duplicates = 0
         with _TempDataset(store, "trajectories") as good, _TempDataset(store, "rejects") as bad:
@@ -118,7 +136,20 @@ def ingest(store: ArtifactStore, inputs: Iterable[str], config: IngestConfig = I
                 "metrics": {"ingested": good.rows, "rejected": bad.rows, "duplicates": duplicates,
                             "files": len(files)}}
 
-    return run_stage(store, "ingest", 1, asdict(config), {"files": _canonical_inputs(digests)}, None, compute)
+    # `strict` gates the run (the validate step); it does not change what ingest writes.
+    keyed = {k: v for k, v in asdict(config).items() if k != "strict"}
+    return run_stage(store, "ingest", 1, keyed, {"files": _canonical_inputs(digests)}, None, compute, only_cached)
+
+
+def validate(ingested: dict[str, Any], config: IngestConfig) -> dict[str, Any]:
+    """Gate before the cover: no valid trajectory, or (with `strict`) any rejected line, is an error."""
+    metrics = ingested["metrics"]
+    if metrics["ingested"] == 0:
+        raise ValueError("no valid trajectory in the input; see rejects.parquet (race validate lists them)")
+    if config.strict and metrics["rejected"]:
+        raise ValueError(f"{metrics['rejected']} input line(s) rejected and strict is set; "
+                         "see rejects.parquet (race validate lists them)")
+    return metrics
 
 
 def _canonical_inputs(digests: dict[str, str]) -> str:
@@ -159,42 +190,34 @@ def iter_trajectories(store: ArtifactStore, digest: str, kind: str = "trajectori
         yield row_to_trajectory(row)
 
 
-# -- score + decide ----------------------------------------------------------------------------
-@dataclass(frozen=True)
-class CoverConfig:
-    """Settings of the cover that decide its outcome (they are part of the stage key)."""
-
-    epsilon: float = 1e-3
-    backend: str = "hf"
-    dtype: str = "float32"
-    early_reject: bool = False
+def trajectory_count(manifest: dict[str, Any]) -> int:
+    """How many trajectories an ingest or select-new manifest holds."""
+    metrics = manifest["metrics"]
+    return metrics["ingested"] if "ingested" in metrics else metrics["new"]
 
 
-@dataclass(frozen=True)
-class ScoringResources:
-    """Settings that change speed and memory, not decisions (not part of the key)."""
-
-    device: str = "cpu"
-    batch_size: int = 16
-    shard_size: int = 64  # the scorer keeps 2-3 KV copies per trajectory of a shard
+# -- cover + compress --------------------------------------------------------------------------
+def cover_key_config(config: CoverConfig, resources: Resources) -> dict[str, Any]:
+    """What the cover's decisions depend on: its config and the dtype the model ran in."""
+    return {**asdict(config), "dtype": resources.dtype}
 
 
-def score(store: ArtifactStore, trajectories_digest: str, checkpoint: str, model_digest: str,
-          config: CoverConfig = CoverConfig(), resources: ScoringResources = ScoringResources(),
+def cover(store: ArtifactStore, trajectories_digest: str, checkpoint: str, model_digest: str,
+          config: CoverConfig = CoverConfig(), resources: Resources = Resources(),
           log: Log = _quiet, scorer_factory: Callable[[], Any] | None = None,
-          on_progress: Callable[[float], None] | None = None, trajectory_count: int | None = None
-          ) -> dict[str, Any]:
-    """Run the LoGiC cover over the trajectories, shard by shard -> `decisions` Parquet.
+          on_progress: Callable[[float], None] | None = None, trajectory_count: int | None = None,
+          only_cached: bool = False) -> dict[str, Any]:
+    """Run the LoGiC cover (Algorithm 1) over the trajectories, shard by shard -> `decisions` Parquet.
 
     `on_progress(fraction)` is called after every round when `trajectory_count` is known."""
 
     def compute() -> dict[str, Any]:
         from race_core.cover import logic_cover
         from race_core.decisions import CoverContext, decision_rows
-        from race_core.scoring import make_scorer
+        from race_core.scoring import ScoreRequest, make_scorer
 
         scorer = (scorer_factory() if scorer_factory else
-                  make_scorer(config.backend, checkpoint, device=resources.device, dtype=config.dtype,
+                  make_scorer(config.backend, checkpoint, device=resources.device, dtype=resources.dtype,
                               batch_size=resources.batch_size))
         ctx = CoverContext(model_digest=model_digest, epsilon=config.epsilon, backend=config.backend)
         done = 0
@@ -202,14 +225,13 @@ def score(store: ArtifactStore, trajectories_digest: str, checkpoint: str, model
         try:
             with _TempDataset(store, "decisions") as out:
                 for shard in _shards(iter_trajectories(store, trajectories_digest), resources.shard_size):
-                    if noise is None and hasattr(scorer, "measure_noise"):
-                        from race_core.scoring import ScoreRequest
-
+                    if noise is None:
                         noise = scorer.measure_noise([ScoreRequest(("noise", i), t)
                                                       for i, t in enumerate(shard[:4])])
-                        log(f"score: scorer noise {noise:.2e} (epsilon {config.epsilon:g})")
+                        log(f"cover: scorer noise {noise:.2e} (epsilon {config.epsilon:g})")
+
                     def progress(t: int, n: int, total: int, first: int = done, size: int = len(shard)) -> None:
-                        log(f"score: trajectories {first + 1}-{first + size}: round {t}/{total}, {n} candidates")
+                        log(f"cover: trajectories {first + 1}-{first + size}: round {t}/{total}, {n} candidates")
                         if on_progress is not None and trajectory_count:
                             on_progress(min(1.0, (first + size * t / max(total, 1)) / trajectory_count))
 
@@ -217,17 +239,15 @@ def score(store: ArtifactStore, trajectories_digest: str, checkpoint: str, model
                                           progress=progress)
                     out.writer.write_many(decision_rows(results, scorer.renderer, ctx))
                     done += len(shard)
-                    log(f"score: {done} trajectories scored")
+                    log(f"cover: {done} trajectories scored")
         finally:
-            close = getattr(scorer, "close", None)
-            if close:
-                close()
-        stats = getattr(scorer, "stats", None)
+            scorer.close()
         return {"objects": {"decisions": out.digest},
                 "metrics": {"trajectories": done, "decision_rows": out.rows, "scorer_noise": noise,
-                            "tokens_processed": getattr(stats, "tokens_processed", None)}}
+                            "tokens_processed": scorer.stats.tokens_processed}}
 
-    return run_stage(store, "score", 1, asdict(config), {"trajectories": trajectories_digest}, model_digest, compute)
+    return run_stage(store, "cover", 1, cover_key_config(config, resources), {"trajectories": trajectories_digest},
+                     model_digest, compute, only_cached)
 
 
 def _shards(items: Iterable[Trajectory], size: int) -> Iterator[list[Trajectory]]:
@@ -241,8 +261,8 @@ def _shards(items: Iterable[Trajectory], size: int) -> Iterator[list[Trajectory]
         yield shard
 
 
-def decide(store: ArtifactStore, trajectories_digest: str, decisions_digest: str, checkpoint: str,
-           model_digest: str, epsilon: float, log: Log = _quiet) -> dict[str, Any]:
+def compress(store: ArtifactStore, trajectories_digest: str, decisions_digest: str, checkpoint: str,
+             model_digest: str, epsilon: float, log: Log = _quiet, only_cached: bool = False) -> dict[str, Any]:
     """Apply the accepted removals -> `compressed` Parquet (one row per trajectory)."""
 
     def compute() -> dict[str, Any]:
@@ -270,32 +290,33 @@ def decide(store: ArtifactStore, trajectories_digest: str, decisions_digest: str
                 row = compressed_row(compressed, skipped, tokens_before, tokens_after, model_digest, epsilon)
                 row["id"] = original.id  # rows are keyed by the source trajectory's id
                 out.writer.write(row)
-        log(f"decide: removed reasoning in {removed} of {candidates} candidate turns; reasoning tokens "
+        log(f"compress: removed reasoning in {removed} of {candidates} candidate turns; reasoning tokens "
             f"{before} -> {after}")
         return {"objects": {"compressed": out.digest},
                 "metrics": {"trajectories": out.rows, "candidates": candidates, "removed": removed,
                             "reasoning_tokens_before": before, "reasoning_tokens_after": after}}
 
-    return run_stage(store, "decide", 1, {"epsilon": epsilon},
-                     {"trajectories": trajectories_digest, "decisions": decisions_digest}, model_digest, compute)
+    return run_stage(store, "compress", 1, {"epsilon": epsilon},
+                     {"trajectories": trajectories_digest, "decisions": decisions_digest}, model_digest, compute,
+                     only_cached)
 
 
 # -- nightly: only what the catalog has not seen -----------------------------------------------
-def catalog_scope(model_digest: str, config: CoverConfig):
+def catalog_scope(model_digest: str, config: CoverConfig, resources: Resources):
     from storage import Scope
 
     return Scope(model_digest=model_digest, epsilon=config.epsilon,
-                 scorer={"backend": config.backend, "dtype": config.dtype})
+                 scorer={"backend": config.backend, "dtype": resources.dtype})
 
 
 def select_new(store: ArtifactStore, trajectories_digests: list[str], model_digest: str,
-               config: CoverConfig, log: Log = _quiet) -> dict[str, Any]:
+               config: CoverConfig, resources: Resources, log: Log = _quiet) -> dict[str, Any]:
     """The trajectories not yet compressed for this (model, ε, scorer) as one dataset. Not cached:
     the answer depends on the catalog, which grows; it is cheap (ids only, then one pass)."""
     from storage import Catalog
 
     catalog = Catalog(store)
-    scope = catalog_scope(model_digest, config)
+    scope = catalog_scope(model_digest, config, resources)
     done = catalog.compressed_ids(scope)
     seen: set[str] = set()
     total = 0
@@ -314,11 +335,11 @@ def select_new(store: ArtifactStore, trajectories_digests: list[str], model_dige
 
 
 def record_part(store: ArtifactStore, compressed_digest: str, ids: list[str], model_digest: str,
-                config: CoverConfig) -> dict[str, Any]:
+                config: CoverConfig, resources: Resources) -> dict[str, Any]:
     """Append the new compressed part to the catalog (old parts are never rewritten)."""
     from storage import Catalog
 
-    entry = Catalog(store).append_part(catalog_scope(model_digest, config), compressed_digest, ids,
+    entry = Catalog(store).append_part(catalog_scope(model_digest, config, resources), compressed_digest, ids,
                                        meta={"rows": len(ids)})
     return {"objects": {"part": compressed_digest}, "metrics": {"rows": len(ids)}, "entry": entry,
             "cached": False}

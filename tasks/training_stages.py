@@ -1,8 +1,10 @@
 """Training stages as plain functions (manifests in, manifests out): SFT on the compressed
 trajectories, on-policy sampling in the calculator, the cover-aware RL update, and evaluation.
 
-Checkpoints live in the store as folder objects; `materialize` restores one to a local cache
-folder (by digest, verified) so transformers can load it with `from_pretrained`.
+A policy travels between stages as a `PolicyRef`: its model digest, and where its files are (a
+checkpoint folder object in the store, or a local folder). `PolicyRef.local_path` restores a
+stored one to a local cache folder (by digest, verified) so transformers can load it with
+`from_pretrained`. Every stage loads its model with the `Resources` it is given (device, dtype).
 """
 
 from __future__ import annotations
@@ -10,11 +12,12 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from race_core.tiny import checkpoint_digest
+from race_core.config import EvalConfig, Resources, RLConfig, SFTConfig
+from race_core.policy import checkpoint_digest
 from storage import ArtifactStore, put_checkpoint, restore_checkpoint
 from tasks.stages import Log, _quiet, iter_trajectories, run_stage
 
@@ -34,13 +37,52 @@ def materialize(store: ArtifactStore, folder_digest: str) -> str:
     return str(dest)
 
 
-def _put_policy(store: ArtifactStore, folder: Path) -> tuple[str, str]:
-    """(folder object digest, model digest) of a saved checkpoint."""
-    return put_checkpoint(store, folder), checkpoint_digest(folder)
+@dataclass(frozen=True)
+class PolicyRef:
+    """A policy checkpoint: `digest` identifies the model (its files); `folder` is the digest of its
+    checkpoint folder object in the store, `path` a local save_pretrained folder (one of the two)."""
+
+    digest: str
+    folder: str | None = None
+    path: str | None = None
+
+    @classmethod
+    def local(cls, path: str | Path) -> PolicyRef:
+        return cls(digest=checkpoint_digest(path), path=str(path))
+
+    @classmethod
+    def of(cls, policy: PolicyRef | dict[str, Any]) -> PolicyRef:
+        """A PolicyRef as is, or the policy that a training stage's manifest (sft, rl) produced."""
+        if isinstance(policy, PolicyRef):
+            return policy
+        return cls(digest=policy["policy_digest"], folder=policy["objects"]["checkpoint"])
+
+    def local_path(self, store: ArtifactStore) -> str:
+        return self.path if self.path is not None else materialize(store, self.folder)
+
+    def load(self, store: ArtifactStore, resources: Resources):
+        """(model, tokenizer) on the device and in the dtype of `resources`."""
+        from race_core.policy import load_policy
+
+        return load_policy(self.local_path(store), device=resources.device, dtype=resources.dtype)
 
 
-def sft(store: ArtifactStore, compressed_digest: str, base_checkpoint: str, base_digest: str, config,
-        log: Log = _quiet) -> dict[str, Any]:
+def _put_policy(store: ArtifactStore, model, tokenizer) -> dict[str, Any]:
+    """Save a trained policy into the store: the manifest fields `PolicyRef.from_manifest` reads."""
+    from race_core.policy import save_policy
+
+    with tempfile.TemporaryDirectory(prefix="race-policy-") as tmp:
+        folder = save_policy(model, tokenizer, Path(tmp) / "policy")
+        return {"objects": {"checkpoint": put_checkpoint(store, folder)}, "policy_digest": checkpoint_digest(folder)}
+
+
+def _model_config(config: Any, resources: Resources, **extra: Any) -> dict[str, Any]:
+    """A training stage's keyed config: its own settings and the dtype its model ran in."""
+    return {**asdict(config), "dtype": resources.dtype, **extra}
+
+
+def sft(store: ArtifactStore, compressed_digest: str, base: PolicyRef, config: SFTConfig, resources: Resources,
+        log: Log = _quiet, only_cached: bool = False) -> dict[str, Any]:
     """Fine-tune the base policy on the compressed trajectories (assistant tokens only)."""
 
     def compute() -> dict[str, Any]:
@@ -53,26 +95,31 @@ def sft(store: ArtifactStore, compressed_digest: str, base_checkpoint: str, base
             if step == 1 or step % every == 0 or step == total:
                 log(f"sft: step {step}/{total} loss {loss:.4f}")
 
-        with tempfile.TemporaryDirectory(prefix="race-sft-") as tmp:
-            report = train_sft(base_checkpoint, None, trajectories, config, Path(tmp) / "policy", progress)
-            folder_digest, model_digest = _put_policy(store, Path(tmp) / "policy")
-        return {"objects": {"checkpoint": folder_digest}, "policy_digest": model_digest,
+        model, tokenizer = base.load(store, resources)
+        report = train_sft(model, tokenizer, trajectories, config, progress=progress)
+        return {**_put_policy(store, report.model, tokenizer),
                 "metrics": {"trajectories": len(trajectories), "steps": report.steps,
                             "first_loss": report.first_loss, "last_loss": report.last_loss,
                             "target_tokens": report.target_tokens}}
 
-    return run_stage(store, "sft", 1, asdict(config), {"compressed": compressed_digest}, base_digest, compute)
+    return run_stage(store, "sft", 1, _model_config(config, resources), {"compressed": compressed_digest},
+                     base.digest, compute, only_cached)
 
 
-def sample(store: ArtifactStore, policy_folder: str, policy_digest: str, config, iteration: int,
-           log: Log = _quiet) -> dict[str, Any]:
+def _rl_keyed(config: RLConfig, resources: Resources, iteration: int) -> dict[str, Any]:
+    # one iteration does not depend on how many follow it
+    return {k: v for k, v in _model_config(config, resources, iteration=iteration).items() if k != "iterations"}
+
+
+def sample(store: ArtifactStore, policy: PolicyRef, config: RLConfig, resources: Resources, iteration: int,
+           log: Log = _quiet, only_cached: bool = False) -> dict[str, Any]:
     """On-policy episodes of the current policy in the calculator: K tasks × G rollouts."""
 
     def compute() -> dict[str, Any]:
-        from race_core.train.onpolicy import rollouts_to_json, sample_rollouts
+        from race_core.rollout import rollouts_to_json, sample_rollouts
 
-        checkpoint = materialize(store, policy_folder)
-        rollouts = sample_rollouts(checkpoint, config, iteration)
+        model, tokenizer = policy.load(store, resources)
+        rollouts = sample_rollouts(model, tokenizer, config, iteration)
         digest = store.put_bytes(rollouts_to_json(rollouts).encode("utf-8"))
         successes = sum(r.success for r in rollouts)
         turns = sum(len(r.turns) for r in rollouts)
@@ -82,48 +129,46 @@ def sample(store: ArtifactStore, policy_folder: str, policy_digest: str, config,
                 "metrics": {"rollouts": len(rollouts), "success_rate": successes / max(len(rollouts), 1),
                             "reasoning_tokens_per_turn": reasoning / max(turns, 1)}}
 
-    return run_stage(store, "sample", 1, {**asdict(config), "iteration": iteration}, {"policy": policy_folder},
-                     policy_digest, compute)
+    return run_stage(store, "sample", 1, _rl_keyed(config, resources, iteration),
+                     {"policy": policy.folder or policy.digest}, policy.digest, compute, only_cached)
 
 
-def rl(store: ArtifactStore, policy_folder: str, policy_digest: str, rollouts_digest: str, config,
-       log: Log = _quiet) -> dict[str, Any]:
-    """One cover-aware RL update of the policy on its own rollouts -> a new checkpoint."""
+def rl(store: ArtifactStore, policy: PolicyRef, rollouts_digest: str, config: RLConfig, epsilon: float,
+       resources: Resources, iteration: int, log: Log = _quiet, only_cached: bool = False) -> dict[str, Any]:
+    """One cover-aware RL update of the policy on its own rollouts (cover at `epsilon`) -> a new policy."""
 
     def compute() -> dict[str, Any]:
-        from race_core.policy import load_policy, save_policy
-        from race_core.train.onpolicy import rl_update, rollouts_from_json
+        from race_core.rollout import rollouts_from_json
+        from race_core.train.rl import update_from_rollouts
 
-        model, tokenizer = load_policy(materialize(store, policy_folder))
+        model, tokenizer = policy.load(store, resources)
         rollouts = rollouts_from_json(store.get_bytes(rollouts_digest).decode("utf-8"))
-        report = rl_update(model, tokenizer, rollouts, config)
+        report = update_from_rollouts(model, tokenizer, rollouts, config, epsilon=epsilon)
         log(f"rl: loss {report.loss:.5f}, masked tokens {report.masked_tokens}, closure terms "
             f"{report.closure_terms}, policy tokens {report.policy_tokens}")
-        with tempfile.TemporaryDirectory(prefix="race-rl-") as tmp:
-            save_policy(model, tokenizer, Path(tmp) / "policy")
-            folder_digest, model_digest = _put_policy(store, Path(tmp) / "policy")
-        return {"objects": {"checkpoint": folder_digest}, "policy_digest": model_digest,
-                "metrics": report.summary()}
+        return {**_put_policy(store, model, tokenizer), "metrics": report.summary()}
 
-    return run_stage(store, "rl", 1, asdict(config), {"policy": policy_folder, "rollouts": rollouts_digest},
-                     policy_digest, compute)
+    return run_stage(store, "rl", 1, {**_rl_keyed(config, resources, iteration), "epsilon": epsilon},
+                     {"policy": policy.folder or policy.digest, "rollouts": rollouts_digest}, policy.digest,
+                     compute, only_cached)
 
 
-def evaluate(store: ArtifactStore, checkpoint: str, policy_digest: str, tasks: int, seed: int,
-             log: Log = _quiet, label: str = "") -> dict[str, Any]:
+def evaluate(store: ArtifactStore, policy: PolicyRef, config: EvalConfig, resources: Resources, label: str = "",
+             log: Log = _quiet, only_cached: bool = False) -> dict[str, Any]:
     """Greedy success rate and reasoning tokens per episode on held-out tasks."""
 
     def compute() -> dict[str, Any]:
         from race_core.evaluate import evaluate_policy, heldout_tasks
-        from race_core.policy import load_policy
 
-        model, tokenizer = load_policy(checkpoint)
-        report = evaluate_policy(model, tokenizer, heldout_tasks(tasks, seed), greedy=True, seed=seed)
+        model, tokenizer = policy.load(store, resources)
+        report = evaluate_policy(model, tokenizer, heldout_tasks(config.tasks, config.seed), greedy=True,
+                                 seed=config.seed, max_turns=config.max_turns,
+                                 max_new_tokens=config.max_new_tokens)
         summary = report.summary()
         log(f"evaluate{(' ' + label) if label else ''}: success {summary['success_rate']:.1%}, "
             f"reasoning tokens per episode {summary['reasoning_tokens_per_episode']:.1f}")
         digest = store.put_bytes(json.dumps(summary, sort_keys=True).encode())
         return {"objects": {"report": digest}, "metrics": summary}
 
-    return run_stage(store, "evaluate", 1, {"tasks": tasks, "seed": seed, "greedy": True}, {}, policy_digest,
-                     compute)
+    return run_stage(store, "evaluate", 1, _model_config(config, resources, greedy=True), {}, policy.digest,
+                     compute, only_cached)

@@ -45,7 +45,7 @@ def prefect_harness():
 
 @pytest.fixture
 def demo_inputs(tmp_path):
-    from flows.cover_job import demo_inputs
+    from tasks.local import demo_inputs
 
     return demo_inputs(tmp_path / "home", n=8, seed=11)
 

@@ -1,21 +1,19 @@
 """The scoring benchmark on a tiny workload: structure of its report, identical decisions across
-methods, and the token counts ordered as the algorithms imply (no timing assertions)."""
+methods (and what was compared), the token counts ordered as the algorithms imply (no timing
+assertions), and the memory bench running the real cover stage."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
-from race_core.bench_scoring import (
-    BenchOptions,
-    NaiveScorer,
-    Workload,
-    add_bench_parser,
-    format_table,
-    run_bench,
-    synthetic_trajectories,
-)
+from bench.baselines import NaiveScorer
+from bench.cli import add_bench_parser
+from bench.report import format_table
+from bench.scoring import BenchOptions, MethodRun, check_identical, compare_decisions, run_bench
+from bench.workload import Workload, synthetic_trajectories
 from race_core.render import OBSERVATION_PREFIX, Renderer
 
 
@@ -56,6 +54,12 @@ def test_bench_report_structure_and_identical_decisions(report):
     (run,) = report["runs"]
     assert (run["model"], run["N"], run["T"]) == ("tiny", 4, 3)
     assert run["decisions_identical"] is True
+    compared = run["decisions_compared"]
+    assert compared["reference"] == "hf"
+    assert [c["method"] for c in compared["methods"]] == ["hf+early-reject", "full-forward", "naive"]
+    for c in compared["methods"]:
+        assert (c["trajectories"], c["candidates"], c["identical"]) == (4, run["candidates"], True)
+    assert run["candidates"] > 0
     methods = {m["name"]: m for m in run["methods"]}
     assert {"naive", "full-forward", "hf", "hf+early-reject"} <= set(methods)
     for m in methods.values():
@@ -69,6 +73,8 @@ def test_bench_report_structure_and_identical_decisions(report):
     assert "| naive |" in format_table(run)
     demo = report["demo_early_reject"]
     assert demo["decisions_identical"] is True
+    assert demo["decisions_compared"] == {"reference": "hf", "methods": [
+        {"method": "hf+early-reject", "trajectories": 4, "candidates": demo["candidates"], "identical": True}]}
     assert demo["hf+early-reject"]["tokens_processed"] <= demo["hf"]["tokens_processed"]
 
 
@@ -79,3 +85,27 @@ def test_race_bench_scoring_parses(tmp_path):
     add_bench_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["bench", "scoring", "--json", str(tmp_path / "r.json"), "--sweep", "--n", "8"])
     assert args.func.__name__ == "cmd_bench_scoring" and args.sweep and args.n == 8
+
+
+def test_a_method_with_other_decisions_fails_the_comparison(expert_trajectories):
+    from race_core.cover import logic_cover
+
+    results = logic_cover(expert_trajectories[:2], lambda ts: [[0.0] * len(t.turns) for t in ts])
+    flipped = [replace(results[0], audit=[{**a, "accepted": not a["accepted"]} for a in results[0].audit])]
+    reference = MethodRun("hf", 1.0, 1.0, 0, 2, results)
+    comparison = compare_decisions(reference, [MethodRun("same", 1.0, 1.0, 0, 2, list(results)),
+                                               MethodRun("subset", 1.0, 1.0, 0, 1, results[:1]),
+                                               MethodRun("other", 1.0, 1.0, 0, 1, flipped)])
+    assert [(c["method"], c["trajectories"], c["identical"]) for c in comparison["methods"]] == [
+        ("same", 2, True), ("subset", 1, True), ("other", 1, False)]
+    with pytest.raises(AssertionError, match="other"):
+        check_identical(comparison)
+
+
+def test_memory_bench_runs_the_cover_stage(tiny_checkpoint):
+    from bench.memory import memory_child
+
+    row = memory_child("tiny", str(tiny_checkpoint.parent), n=3, shard_size=2, turns=2, batch_size=2)
+    assert (row["N"], row["shard_size"], row["T"]) == (3, 2, 2)
+    assert 0 <= row["accepted_removals"] <= 3
+    assert row["peak_rss_mb"] >= row["rss_after_load_mb"] > 0

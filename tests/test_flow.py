@@ -6,12 +6,16 @@ import pytest
 
 from flows.nightly import race_nightly
 from flows.pipeline import race_pipeline
+from race_core.config import COVER_STAGES, CoverConfig, NightlyConfig, PipelineConfig, Resources, replace
+from race_core.policy import checkpoint_digest
 from race_core.scoring.hf import HFScorer
-from race_core.tiny import checkpoint_digest
 from storage import ArtifactStore, Catalog, read_dataset_from_store
 from tasks import stages
 
-COVER = ["ingest", "validate", "score", "decide"]
+
+def cover_config(inputs, checkpoint, store, **changes) -> PipelineConfig:
+    return replace(PipelineConfig(inputs=tuple(inputs), checkpoint=str(checkpoint), store=str(store),
+                                  stages=COVER_STAGES), **changes)
 
 
 @pytest.fixture
@@ -31,20 +35,20 @@ def scored(monkeypatch):
 
 def test_second_run_on_the_same_inputs_computes_nothing(prefect_harness, tiny_checkpoint, demo_inputs, tmp_path,
                                                          scored):
-    params = dict(inputs=demo_inputs, checkpoint=str(tiny_checkpoint), store=str(tmp_path / "store"), stages=COVER)
-    first = race_pipeline(**params)
+    config = cover_config(demo_inputs, tiny_checkpoint, tmp_path / "store")
+    first = race_pipeline(config)
     assert scored["requests"] > 0
     assert not any(s["cached"] for s in first["stages"].values())
     scored["requests"] = 0
-    second = race_pipeline(**params)
+    second = race_pipeline(config)
     assert scored["requests"] == 0
-    assert set(second["stages"]) == {"ingest", "score", "decide"}
+    assert set(second["stages"]) == {"ingest", "cover", "compress"}
     assert all(s["cached"] for s in second["stages"].values())
     assert second["objects"] == first["objects"]
 
 
 def test_a_fault_that_fails_once_is_retried(prefect_harness, tiny_checkpoint, demo_inputs, tmp_path, monkeypatch):
-    real = stages.decide
+    real = stages.compress
     attempts = []
 
     def flaky(*args, **kwargs):  # fault injected on purpose
@@ -53,9 +57,8 @@ def test_a_fault_that_fails_once_is_retried(prefect_harness, tiny_checkpoint, de
             raise ConnectionError("injected: object store unreachable")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(stages, "decide", flaky)
-    summary = race_pipeline(inputs=demo_inputs, checkpoint=str(tiny_checkpoint), store=str(tmp_path / "s"),
-                            stages=COVER)
+    monkeypatch.setattr(stages, "compress", flaky)
+    summary = race_pipeline(cover_config(demo_inputs, tiny_checkpoint, tmp_path / "s"))
     assert len(attempts) == 2
     assert summary["cover"]["candidates"] > 0
 
@@ -65,9 +68,8 @@ def test_a_permanent_failure_fails_the_run_naming_the_stage(prefect_harness, tin
     def broken(*args, **kwargs):  # fault injected on purpose
         raise RuntimeError("injected: disk full")
 
-    monkeypatch.setattr(stages, "score", broken)
-    state = race_pipeline(inputs=demo_inputs, checkpoint=str(tiny_checkpoint), store=str(tmp_path / "s"),
-                          stages=COVER, return_state=True)
+    monkeypatch.setattr(stages, "cover", broken)
+    state = race_pipeline(cover_config(demo_inputs, tiny_checkpoint, tmp_path / "s"), return_state=True)
     assert state.is_failed()
     with pytest.raises(RuntimeError, match="disk full"):
         state.result()
@@ -83,7 +85,7 @@ def test_a_permanent_failure_fails_the_run_naming_the_stage(prefect_harness, tin
 
     import asyncio
 
-    assert asyncio.run(failed_tasks()) == {"score"}
+    assert asyncio.run(failed_tasks()) == {"cover"}
 
 
 def test_bad_rows_are_listed_and_strict_stops_before_scoring(prefect_harness, tiny_checkpoint, demo_inputs,
@@ -94,14 +96,14 @@ def test_bad_rows_are_listed_and_strict_stops_before_scoring(prefect_harness, ti
     mixed.write_text("\n".join([json.dumps(good[0]), json.dumps(bad[0]), "{oops", json.dumps(good[1]),
                                 json.dumps(bad[1]), json.dumps(good[2])]) + "\n")
     store = str(tmp_path / "store")
-    summary = race_pipeline(inputs=[str(mixed)], checkpoint=str(tiny_checkpoint), store=store, stages=COVER)
+    summary = race_pipeline(cover_config([mixed], tiny_checkpoint, store))
     assert summary["trajectories"] == {"ingested": 3, "rejected": 3}
     rejects = read_dataset_from_store(ArtifactStore(store), summary["objects"]["rejects"], "rejects")
     assert list(rejects["line"]) == [2, 3, 5]
     assert list(rejects["code"]) == ["bad_split", "not_json", "not_successful"]
     scored["requests"] = 0
-    state = race_pipeline(inputs=[str(mixed)], checkpoint=str(tiny_checkpoint), store=str(tmp_path / "s2"),
-                          stages=COVER, strict=True, return_state=True)
+    state = race_pipeline(cover_config([mixed], tiny_checkpoint, tmp_path / "s2", **{"ingest.strict": True}),
+                          return_state=True)
     assert state.is_failed()
     with pytest.raises(ValueError, match="3 input line"):
         state.result()
@@ -109,12 +111,30 @@ def test_bad_rows_are_listed_and_strict_stops_before_scoring(prefect_harness, ti
 
 
 def test_parameters_are_checked_with_clear_errors(prefect_harness, tiny_checkpoint, demo_inputs, tmp_path):
-    with pytest.raises(ValueError, match="parameter 'backend'"):
-        race_pipeline(inputs=demo_inputs, checkpoint=str(tiny_checkpoint), backend="tgi")
+    config = cover_config(demo_inputs, tiny_checkpoint, tmp_path / "s")
+    with pytest.raises(ValueError, match="parameter 'cover.backend'"):
+        race_pipeline(replace(config, **{"cover.backend": "tgi"}))
     with pytest.raises(ValueError, match="parameter 'stages'"):
-        race_pipeline(inputs=demo_inputs, checkpoint=str(tiny_checkpoint), stages=["score", "bake"])
+        race_pipeline(replace(config, stages=("cover", "bake")))
     with pytest.raises(ValueError, match="parameter 'checkpoint'"):
-        race_pipeline(inputs=demo_inputs, checkpoint=str(tmp_path / "none"))
+        race_pipeline(replace(config, checkpoint=str(tmp_path / "none")))
+    with pytest.raises(ValueError, match="parameter 'cover.epsilon'"):
+        race_pipeline(replace(config, **{"cover.epsilon": float("nan")}))
+
+
+def test_a_stage_left_out_whose_output_is_missing_fails_naming_it(prefect_harness, tiny_checkpoint, demo_inputs,
+                                                                  tmp_path):
+    config = cover_config(demo_inputs, tiny_checkpoint, tmp_path / "s", stages=("sft", "evaluate"))
+    with pytest.raises(LookupError, match="stage 'ingest' was not selected"):
+        race_pipeline(config)
+
+
+def test_a_stage_left_out_is_read_from_the_store(prefect_harness, tiny_checkpoint, demo_inputs, tmp_path, scored):
+    first = race_pipeline(cover_config(demo_inputs, tiny_checkpoint, tmp_path / "s"))
+    scored["requests"] = 0
+    again = race_pipeline(cover_config(demo_inputs, tiny_checkpoint, tmp_path / "s", stages=("compress",)))
+    assert scored["requests"] == 0
+    assert again["cover"] == first["cover"] and again["objects"] == first["objects"]
 
 
 def test_nightly_scores_only_the_trajectories_of_a_new_file(prefect_harness, tiny_checkpoint, tmp_path, scored):
@@ -129,20 +149,20 @@ def test_nightly_scores_only_the_trajectories_of_a_new_file(prefect_harness, tin
     third = inbox / "part2.jsonl"
     held_back = third.read_text()
     third.unlink()
-    params = dict(inbox=str(inbox / "*.jsonl"), checkpoint=str(tiny_checkpoint), store=str(tmp_path / "store"))
+    config = NightlyConfig(inbox=str(inbox / "*.jsonl"), checkpoint=str(tiny_checkpoint), store=str(tmp_path / "store"))
 
-    first = race_nightly(**params)
+    first = race_nightly(config)
     assert first["new"] == 6 and first["scored_trajectories"] == 6
-    again = race_nightly(**params)
+    again = race_nightly(config)
     assert again["new"] == 0 and again["part"] is None
 
     third.write_text(held_back)
     scored["trajectories"].clear()
-    second = race_nightly(**params)
+    second = race_nightly(config)
     assert second["new"] == 3 and second["already_compressed"] == 6
     assert scored["trajectories"] == {t.question for t in trajectories[6:9]}
-    store = ArtifactStore(params["store"])
-    parts = Catalog(store).parts(stages.catalog_scope(checkpoint_digest(tiny_checkpoint), stages.CoverConfig()))
+    store = ArtifactStore(config.store)
+    parts = Catalog(store).parts(stages.catalog_scope(checkpoint_digest(tiny_checkpoint), CoverConfig(), Resources()))
     assert [p["part"] for p in parts] == [first["part"], second["part"]]
     part2 = read_dataset_from_store(store, second["part"], "compressed")
     assert set(part2["id"]) == {t.id for t in trajectories[6:9]}

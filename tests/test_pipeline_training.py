@@ -11,10 +11,12 @@ import time
 import pytest
 
 from flows.pipeline import race_pipeline
+from race_core.config import EvalConfig, PipelineConfig, RLConfig, SFTConfig
 from race_core.scoring.hf import HFScorer
 from race_core.train import sft as sft_module
 
-SMALL = dict(sft_steps=4, sft_lr=1e-3, rl_tasks=2, rl_group_size=2, rl_lr=1e-4, eval_tasks=2, rl_iterations=1)
+SMALL = dict(sft=SFTConfig(steps=4, lr=1e-3), rl=RLConfig(iterations=1, tasks_per_iteration=2, group_size=2, lr=1e-4),
+             evaluate=EvalConfig(tasks=2))
 
 
 @pytest.fixture
@@ -39,17 +41,17 @@ def calls(monkeypatch):
 def test_whole_pipeline_twice_second_run_computes_nothing(prefect_harness, smoke_policy, demo_inputs, tmp_path,
                                                            calls, monkeypatch):
     monkeypatch.setenv("RACE_CHECKPOINT_CACHE", str(tmp_path / "cache"))
-    params = dict(inputs=demo_inputs, checkpoint=str(smoke_policy), store=str(tmp_path / "store"),
-                  report_dir=str(tmp_path / "report"), **SMALL)
-    first = race_pipeline(**params)
+    config = PipelineConfig(inputs=tuple(demo_inputs), checkpoint=str(smoke_policy), store=str(tmp_path / "store"),
+                            report_dir=str(tmp_path / "report"), **SMALL)
+    first = race_pipeline(config)
     assert calls["score"] > 0 and calls["sft"] == 1
     assert set(first["eval"]) == {"before", "after_sft", "after_rl"}
-    assert set(first["stages"]) >= {"ingest", "score", "decide", "sft", "sample_0", "rl_0", "evaluate_before",
+    assert set(first["stages"]) >= {"ingest", "cover", "compress", "sft", "sample_0", "rl_0", "evaluate_before",
                                     "evaluate_after_sft", "evaluate_after_rl"}
     for name in ("report.md", "summary.json", "eval_by_stage.png"):
         assert (tmp_path / "report" / name).exists()
     calls.update(score=0, sft=0)
-    second = race_pipeline(**params)
+    second = race_pipeline(config)
     assert calls == {"score": 0, "sft": 0}
     assert all(stage["cached"] for stage in second["stages"].values()), second["stages"]
     assert second["objects"] == first["objects"] and second["eval"] == first["eval"]
@@ -63,7 +65,7 @@ def _race_run(args, env, **kwargs):
 def test_killed_during_sft_resumes_without_recomputing_the_cover(tiny_checkpoint, demo_inputs, tmp_path):
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "RACE_CHECKPOINT_CACHE": str(tmp_path / "c")}
     env.pop("PREFECT_API_URL", None)
-    stages = ["ingest", "validate", "score", "decide", "sft"]
+    stages = ["ingest", "validate", "cover", "compress", "sft"]
     common = ["--input", *demo_inputs, "--checkpoint", str(tiny_checkpoint), "--stages", *stages,
               "--sft-steps", "400", "--sft-lr", "1e-3"]
 
@@ -84,7 +86,7 @@ def test_killed_during_sft_resumes_without_recomputing_the_cover(tiny_checkpoint
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     summary = json.loads(resumed.stdout[resumed.stdout.index("{\n"):])
     cached = {name: stage["cached"] for name, stage in summary["stages"].items()}
-    assert cached == {"ingest": True, "score": True, "decide": True, "sft": False}
+    assert cached == {"ingest": True, "cover": True, "compress": True, "sft": False}
 
     clean = subprocess.run([sys.executable, "-m", "flows.cli", "run", *common, "--store", str(tmp_path / "clean")],
                            env=env, capture_output=True, text=True, timeout=600)

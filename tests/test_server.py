@@ -82,19 +82,25 @@ def test_served_deployments_run_from_the_api(prefect_server, tiny_checkpoint, de
         def both_registered():
             if serve.poll() is not None:
                 pytest.fail((tmp_path / "serve.log").read_text())
-            return asyncio.run(deployment("race-pipeline/nightly")) and asyncio.run(deployment("race-pipeline/manual"))
+            return asyncio.run(deployment("race-nightly/nightly")) and asyncio.run(deployment("race-pipeline/manual"))
 
         wait_until(both_registered, 120, "race serve to register the deployments")
-        nightly = asyncio.run(deployment("race-pipeline/nightly"))
+        nightly = asyncio.run(deployment("race-nightly/nightly"))
         crons = [s.schedule.cron for s in nightly.schedules]
         assert crons == ["0 2 * * *"]
         assert nightly.schedules[0].schedule.timezone == "UTC"
 
+        # the UI's form: the deployment's own defaults, edited in place (here: inputs and stages)
+        manual = asyncio.run(deployment("race-pipeline/manual"))
+        config = manual.parameters["config"]
+        assert config["checkpoint"] == str(tiny_checkpoint) and config["store"] == store
+        assert set(config) >= {"ingest", "cover", "resources", "sft", "rl", "evaluate"}
+        form = manual.parameter_openapi_schema
+        assert form["properties"]["config"], form
         run = run_deployment("race-pipeline/manual", timeout=300, poll_interval=2, parameters={
-            "inputs": demo_inputs, "checkpoint": str(tiny_checkpoint), "store": store,
-            "stages": ["ingest", "validate", "score", "decide"]})
+            "config": {**config, "inputs": demo_inputs, "stages": ["ingest", "validate", "cover", "compress"]}})
         assert run.state.is_completed(), (run.state, (tmp_path / "serve.log").read_text()[-3000:])
-        assert any(True for _ in (tmp_path / "store" / "stages" / "decide").glob("*.json"))
+        assert any(True for _ in (tmp_path / "store" / "stages" / "compress").glob("*.json"))
     finally:
         settings.__exit__(None, None, None)
         serve.terminate()

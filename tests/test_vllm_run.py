@@ -21,13 +21,13 @@ def race_run(backend, inputs, checkpoint, store, home):
     env.pop("PREFECT_API_URL", None)
     done = subprocess.run([sys.executable, "-m", "flows.cli", "run", "--input", *inputs, "--checkpoint",
                            str(checkpoint), "--store", str(store), "--backend", backend, "--stages", "ingest",
-                           "validate", "score", "decide"], env=env, capture_output=True, text=True, timeout=900)
+                           "validate", "cover", "compress"], env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     return json.loads(done.stdout[done.stdout.index("{\n"):])
 
 
 def test_vllm_and_hf_runs_make_the_same_decisions(tiny_checkpoint, tmp_path):
-    from flows.cover_job import demo_inputs
+    from tasks.local import demo_inputs
 
     inputs = demo_inputs(tmp_path / "home")  # the demo-sized calculator dataset of `race cover`
     hf = race_run("hf", inputs, tiny_checkpoint, tmp_path / "store", tmp_path / "prefect")

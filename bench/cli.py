@@ -1,0 +1,95 @@
+"""`race bench scoring`: cover scoring, naive vs full-forward vs ours (hf, vllm) vs the work bound.
+
+`add_bench_parser(subparsers)` adds it to the `race` command; `main` is `scripts/bench_scoring.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.memory import memory_bench
+from bench.report import format_demo, format_memory, format_table
+from bench.scoring import BenchOptions, run_bench
+from bench.workload import MODELS, Workload
+from race_core.cover import DEFAULT_EPSILON
+
+SWEEP_TURNS = (2, 4, 8, 16)
+
+
+def add_bench_parser(subparsers) -> argparse.ArgumentParser:
+    """Add `bench scoring` to the `race` command's subparsers."""
+    bench = subparsers.add_parser("bench", help="benchmarks")
+    bench_sub = bench.add_subparsers(dest="bench", required=True)
+    p = bench_sub.add_parser("scoring", help="cover scoring: naive, full-forward, hf, vllm vs the work bound")
+    add_bench_arguments(p)
+    p.set_defaults(func=cmd_bench_scoring)
+    return p
+
+
+def add_bench_arguments(p: argparse.ArgumentParser) -> None:
+    w = Workload()
+    p.add_argument("--json", help="write the report here")
+    p.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    p.add_argument("--n", type=int, default=w.n, help="trajectories")
+    p.add_argument("--turns", type=int, nargs="+", default=[w.turns], help="turns per trajectory (T)")
+    p.add_argument("--sweep", action="store_true", help=f"T over {', '.join(map(str, SWEEP_TURNS))}")
+    p.add_argument("--question-tokens", type=int, default=w.question_tokens)
+    p.add_argument("--reasoning-tokens", type=int, default=w.reasoning_tokens)
+    p.add_argument("--action-tokens", type=int, default=w.action_tokens)
+    p.add_argument("--observation-tokens", type=int, default=w.observation_tokens)
+    p.add_argument("--seed", type=int, default=w.seed)
+    p.add_argument("--batch-size", type=int, default=BenchOptions.batch_size, help="hf scorer batch size")
+    p.add_argument("--naive-subset", type=int, default=BenchOptions.naive_subset,
+                   help="time naive on the first K trajectories and scale to N (0 = all)")
+    p.add_argument("--full-forward-subset", type=int, default=BenchOptions.full_forward_subset, help="same for full-forward (0 = all)")
+    p.add_argument("--vllm", choices=["auto", "on", "off"], default="auto")
+    p.add_argument("--no-early-reject", action="store_true", help="skip the early-rejection runs")
+    p.add_argument("--demo-data", type=int, default=BenchOptions.demo_data, help="expert trajectories for early rejection (0 = skip)")
+    p.add_argument("--epsilon", type=float, default=DEFAULT_EPSILON)
+    p.add_argument("--cache-dir", default=BenchOptions.cache_dir, help="where the checkpoints are built")
+    p.add_argument("--memory", action="store_true",
+                   help="only: peak RSS of the cover stage (sharded) for each --memory-n")
+    p.add_argument("--memory-n", type=int, nargs="+", default=[64, 512])
+    p.add_argument("--shard-size", type=int, default=64)
+
+
+def options_from_args(args: argparse.Namespace) -> BenchOptions:
+    workload = Workload(n=args.n, question_tokens=args.question_tokens, reasoning_tokens=args.reasoning_tokens,
+                        action_tokens=args.action_tokens, observation_tokens=args.observation_tokens,
+                        seed=args.seed)
+    return BenchOptions(models=tuple(args.models), turns=SWEEP_TURNS if args.sweep else tuple(args.turns),
+                        workload=workload, batch_size=args.batch_size, naive_subset=args.naive_subset,
+                        full_forward_subset=args.full_forward_subset, vllm=args.vllm,
+                        early_reject=not args.no_early_reject, epsilon=args.epsilon, cache_dir=args.cache_dir,
+                        demo_data=args.demo_data)
+
+
+def cmd_bench_scoring(args: argparse.Namespace) -> int:
+    def log(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    if args.memory:
+        model = args.models[0]
+        rows = memory_bench(model, args.cache_dir, args.memory_n, args.shard_size, args.turns[0], args.batch_size)
+        print(format_memory(rows))
+        report: dict[str, Any] = {"memory": rows}
+    else:
+        report = run_bench(options_from_args(args), log)
+        for run in report["runs"]:
+            print(format_table(run) + "\n")
+        if "demo_early_reject" in report:
+            print(format_demo(report["demo_early_reject"]) + "\n")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench_scoring", description=__doc__.splitlines()[0])
+    add_bench_arguments(parser)
+    return cmd_bench_scoring(parser.parse_args(argv))

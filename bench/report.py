@@ -1,0 +1,61 @@
+"""The benchmark's report as Markdown tables."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+def format_comparison(comparison: dict[str, Any]) -> str:
+    """`naive (2 trajectories, 2 candidates), ... vs hf`: what each method was compared on."""
+    parts = [f"{c['method']} ({c['trajectories']} trajectories, {c['candidates']} candidates)"
+             for c in comparison["methods"]]
+    return f"{', '.join(parts)} vs {comparison['reference']}"
+
+
+def format_table(run: dict[str, Any]) -> str:
+    bound = run["bound"]
+    lines = [f"### model {run['model']} ({run['parameters'] / 1e6:.1f}M params), N={run['N']}, T={run['T']}, "
+             f"hf batch {run['batch_size']}: {run['candidates']} candidates, {run['accepted_removals']} accepted",
+             "",
+             "| method | wall s | tokens processed | tokens/s | speed-up vs naive | time vs bound "
+             "| CPU s | speed-up vs naive (CPU) | CPU vs bound |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for m in run["methods"]:
+        name = m["name"] + (f" (measured on {m['measured_on']}, scaled)" if m["measured_on"] < run["N"] else "")
+        cpu = (f"{m['cpu_s']:.2f} | {m['speedup_vs_naive_cpu']:.1f}x | {m['cpu_vs_bound']:.2f}x"
+               if m["cpu_s"] is not None else "n/a | n/a | n/a")
+        lines.append(f"| {name} | {m['wall_s']:.2f} | {m['tokens_processed']:,} | {m['tokens_per_s']:,.0f} | "
+                     f"{m['speedup_vs_naive']:.1f}x | {m['time_vs_bound']:.2f}x | {cpu} |")
+    lines.append(f"| work bound | {bound['wall_s']:.2f} | {bound['tokens']:,} | {bound['forward_tokens_per_s']:,.0f} "
+                 f"(raw forward) | | 1.00x | {bound['cpu_s']:.2f} | | 1.00x |")
+    lines.append("")
+    lines.append(f"decisions identical across methods: {run['decisions_identical']} "
+                 f"({format_comparison(run['decisions_compared'])})")
+    lines.append("CPU s = this process's CPU time over all threads: unlike wall time it is not inflated by "
+                 "other jobs on a shared machine")
+    lines.extend(run["notes"])
+    lines.extend(f"{m['name']}: {m['note']}" for m in run["methods"] if m.get("note"))
+    return "\n".join(lines)
+
+
+def format_demo(demo: dict[str, Any]) -> str:
+    full, early = demo["hf"], demo["hf+early-reject"]
+    return (f"### early rejection on {demo['data']} (tiny model): {demo['candidates']} candidates, "
+            f"{demo['accepted_removals']} accepted\n\n"
+            "| method | wall s | CPU s | tokens processed | tokens vs bound |\n| --- | ---: | ---: | ---: | ---: |\n"
+            f"| hf | {full['wall_s']:.2f} | {full['cpu_s']:.2f} | {full['tokens_processed']:,} | "
+            f"{full['tokens_processed'] / demo['bound_tokens']:.2f}x |\n"
+            f"| hf+early-reject | {early['wall_s']:.2f} | {early['cpu_s']:.2f} | {early['tokens_processed']:,} | "
+            f"{early['tokens_processed'] / demo['bound_tokens']:.2f}x |\n\n"
+            f"bound tokens {demo['bound_tokens']:,}; decisions identical: {demo['decisions_identical']} "
+            f"({format_comparison(demo['decisions_compared'])})")
+
+
+def format_memory(rows: Sequence[dict]) -> str:
+    lines = ["### peak RSS of the cover stage, sharded (one process per N)", "",
+             "| model | N | shard size | T | RSS after model load MB | peak RSS MB |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    lines += [f"| {r['model']} | {r['N']} | {r['shard_size']} | {r['T']} | {r['rss_after_load_mb']:.0f} | "
+              f"{r['peak_rss_mb']:.0f} |" for r in rows]
+    return "\n".join(lines)

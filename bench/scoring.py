@@ -1,0 +1,251 @@
+"""Scoring benchmark (issue 7): our cover scorers against the naive algorithm and the work bound.
+
+Every method runs the same LoGiC cover (`logic_cover`) on the same model and the same data, and the
+bench fails unless all of them reach the same decisions (skipped turns and accepted flags) as `hf`;
+the report records what was compared (`decisions_compared`):
+
+  naive         the prototype's way: every candidate re-scores every turn 0..T-1, each turn with its
+                own forward pass over that turn's whole prefix; no batching, no cache
+  full-forward  one forward pass over the whole candidate, no cache, no batching
+                (`HFScorer(batch_size=1, prefix_reuse=False)`)
+  hf            ours: wavefront batching and KV-prefix reuse (`HFScorer`)
+  vllm          ours through vLLM (only when vllm is importable)
+
+The work bound is the tokens that must be computed (every trajectory once in full, then for each
+candidate the suffix from the removed reasoning to the end of its last action) divided by the
+model's raw forward throughput, measured in the same run with one long batched forward. Early
+rejection scores fewer tokens than that bound; it is reported on the synthetic workload and on the
+demo's calculator data.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from bench.baselines import NaiveScorer, bound_tokens, forward_throughput
+from bench.workload import MODELS, Workload, checkpoint_for, synthetic_trajectories
+from race_core.cover import DEFAULT_EPSILON, CoverResult, logic_cover
+from race_core.render import Renderer
+from race_core.schema import Trajectory
+from race_core.scoring import Scorer, ScoreRequest
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    models: tuple[str, ...] = MODELS
+    turns: tuple[int, ...] = (8,)
+    workload: Workload = Workload()
+    batch_size: int = 64
+    naive_subset: int = 8  # naive is timed on the first k trajectories and scaled (0 = all)
+    full_forward_subset: int = 0
+    vllm: str = "auto"  # auto | on | off
+    early_reject: bool = True
+    epsilon: float = DEFAULT_EPSILON
+    cache_dir: str = ".race/checkpoints"
+    demo_data: int = 64  # early rejection on expert_dataset(n) with the tiny model (0 = skip)
+
+
+@dataclass
+class MethodRun:
+    name: str
+    wall_s: float  # scaled to the whole workload when measured on a subset
+    cpu_s: float | None  # this process's CPU time (all threads), scaled likewise; None for vllm
+    tokens_processed: int
+    measured_on: int
+    results: list[CoverResult]
+    note: str = ""
+
+
+def run_method(name: str, scorer: Scorer, trajectories: Sequence[Trajectory], n_total: int,
+               epsilon: float, early_reject: bool = False) -> MethodRun:
+    before = scorer.stats.tokens_processed
+    start, cpu = time.perf_counter(), time.process_time()
+    results = logic_cover(trajectories, scorer, epsilon, early_reject=early_reject)
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    scale = n_total / len(trajectories)
+    return MethodRun(name, wall * scale, cpu * scale, round((scorer.stats.tokens_processed - before) * scale),
+                     len(trajectories), results)
+
+
+def warm_hf_scorers(model, tokenizer, renderer: Renderer, trajectories: Sequence[Trajectory]):
+    """A factory of HF scorers that share `renderer`, whose segment-token cache is filled here (a
+    candidate's segments are its trajectory's): no timed method pays the tokenizer for another."""
+    from race_core.scoring.hf import HFScorer
+
+    for trajectory in trajectories:
+        renderer.render(trajectory)
+    return partial(HFScorer, model, tokenizer, renderer=renderer)
+
+
+# -- decisions: what must not depend on the method ---------------------------------------------
+def decisions(results: Sequence[CoverResult]) -> list[tuple]:
+    """Skipped turns and the accepted flag of every candidate."""
+    return [(r.skipped_turns, tuple((a["turn"], a["accepted"]) for a in r.audit)) for r in results]
+
+
+def candidate_count(results: Sequence[CoverResult]) -> int:
+    """Candidate turns the cover scored (turns with no reasoning to remove are not candidates)."""
+    return sum(1 for r in results for a in r.audit if not a["skipped_empty"])
+
+
+def accepted_removals(results: Sequence[CoverResult]) -> int:
+    return sum(len(r.skipped_turns) for r in results)
+
+
+def compare_decisions(reference: MethodRun, runs: Sequence[MethodRun]) -> dict[str, Any]:
+    """Each run's decisions against the reference's on the trajectories it ran (a method timed on a
+    subset is compared on that subset): what was compared, and whether it matched."""
+    compared = []
+    for run in runs:
+        expected = reference.results[:run.measured_on]
+        compared.append({"method": run.name, "trajectories": len(run.results),
+                         "candidates": candidate_count(expected),
+                         "identical": decisions(expected) == decisions(run.results)})
+    return {"reference": reference.name, "methods": compared}
+
+
+def check_identical(comparison: dict[str, Any]) -> bool:
+    """True when every compared method matched the reference; raises otherwise (the bench fails)."""
+    different = [c["method"] for c in comparison["methods"] if not c["identical"]]
+    if different:
+        raise AssertionError(f"method(s) {different} made different decisions than {comparison['reference']!r}")
+    return True
+
+
+# -- one benchmark run -------------------------------------------------------------------------
+def vllm_available() -> bool:
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def bench_one(model_name: str, checkpoint: Path, model, tokenizer, workload: Workload, options: BenchOptions,
+              log: Callable[[str], None]) -> dict[str, Any]:
+    """All methods on one (model, workload); returns the run's JSON record."""
+    renderer = Renderer(tokenizer)
+    trajectories = synthetic_trajectories(renderer, workload)
+    n = len(trajectories)
+    throughput, cpu_throughput = forward_throughput(model, renderer, trajectories, min(options.batch_size, 16))
+    log(f"[{model_name} T={workload.turns}] raw forward throughput {throughput:,.0f} tokens/s "
+        f"({cpu_throughput:,.0f} per CPU s)")
+
+    # Warm-up, not timed: the first calls through each code path (cache, masks) pay one-off costs.
+    scorer = warm_hf_scorers(model, tokenizer, renderer, trajectories)
+    short = [replace(t, turns=t.turns[:3]) for t in trajectories[:2]]
+    logic_cover(short, scorer(batch_size=options.batch_size), options.epsilon)
+    logic_cover(short[:1], scorer(batch_size=1, prefix_reuse=False), options.epsilon)
+
+    runs: list[MethodRun] = []
+    runs.append(run_method("hf", scorer(batch_size=options.batch_size), trajectories, n, options.epsilon))
+    reference = runs[0].results
+    log(f"[{model_name} T={workload.turns}] hf {runs[-1].wall_s:.2f}s")
+    if options.early_reject:
+        early = run_method("hf+early-reject", scorer(batch_size=options.batch_size),
+                           trajectories, n, options.epsilon, early_reject=True)
+        runs.append(early)
+    k = options.full_forward_subset or n
+    runs.append(run_method("full-forward", scorer(batch_size=1, prefix_reuse=False),
+                           trajectories[:k], n, options.epsilon))
+    log(f"[{model_name} T={workload.turns}] full-forward {runs[-1].wall_s:.2f}s")
+    k = options.naive_subset or n
+    runs.append(run_method("naive", NaiveScorer(model, renderer), trajectories[:k], n, options.epsilon))
+    log(f"[{model_name} T={workload.turns}] naive {runs[-1].wall_s:.2f}s (on {k})")
+    notes = []
+    use_vllm = options.vllm == "on" or (options.vllm == "auto" and vllm_available())
+    if use_vllm:
+        runs.append(_vllm_run(checkpoint, trajectories, n, options))
+    else:
+        notes.append("vllm skipped: " + ("--vllm off" if options.vllm == "off" else "vllm is not importable"))
+    comparison = compare_decisions(runs[0], runs[1:])
+    identical = check_identical(comparison)
+
+    bound = bound_tokens(renderer, reference)
+    bound_wall, bound_cpu = bound / throughput, bound / cpu_throughput
+    naive = next(r for r in runs if r.name == "naive")
+    methods = []
+    for run in runs:
+        method = {"name": run.name, "wall_s": run.wall_s, "tokens_processed": run.tokens_processed,
+                  "tokens_per_s": run.tokens_processed / run.wall_s if run.wall_s else None,
+                  "speedup_vs_naive": naive.wall_s / run.wall_s if run.wall_s else None,
+                  "time_vs_bound": run.wall_s / bound_wall if bound_wall else None,
+                  "cpu_s": run.cpu_s, "speedup_vs_naive_cpu": naive.cpu_s / run.cpu_s if run.cpu_s else None,
+                  "cpu_vs_bound": run.cpu_s / bound_cpu if run.cpu_s and bound_cpu else None,
+                  "measured_on": run.measured_on}
+        if run.note:
+            method["note"] = run.note
+        methods.append(method)
+    return {"model": model_name, "N": n, "T": workload.turns, "workload": asdict(workload),
+            "batch_size": options.batch_size, "methods": methods,
+            "bound": {"tokens": bound, "wall_s": bound_wall, "forward_tokens_per_s": throughput,
+                      "cpu_s": bound_cpu, "forward_tokens_per_cpu_s": cpu_throughput},
+            "accepted_removals": accepted_removals(reference), "candidates": candidate_count(reference),
+            "decisions_compared": comparison, "decisions_identical": identical, "notes": notes}
+
+
+def _vllm_run(checkpoint: Path, trajectories: Sequence[Trajectory], n: int, options: BenchOptions) -> MethodRun:
+    import os
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    from race_core.scoring.vllm import VLLMScorer
+
+    scorer = VLLMScorer.from_pretrained(checkpoint, dtype="float32", batch_size=options.batch_size,
+                                        enforce_eager=True)
+    try:
+        scorer.score([ScoreRequest("warmup", trajectories[0])])  # engine warm-up, not timed
+        run = run_method("vllm", scorer, trajectories, n, options.epsilon)
+    finally:
+        scorer.close()
+    run.note = "engine start not timed; CPU time not measured (the engine runs in other processes)"
+    run.cpu_s = None
+    return run
+
+
+def demo_early_reject(checkpoint: Path, model, tokenizer, options: BenchOptions, seed: int = 0) -> dict[str, Any]:
+    """hf with and without early rejection on the demo's calculator data (expert_dataset)."""
+    from race_core.envs.expert import expert_dataset
+
+    trajectories = expert_dataset(options.demo_data, seed=seed)
+    renderer = Renderer(tokenizer)
+    scorer = warm_hf_scorers(model, tokenizer, renderer, trajectories)
+    full = run_method("hf", scorer(batch_size=options.batch_size), trajectories,
+                      len(trajectories), options.epsilon)
+    early = run_method("hf+early-reject", scorer(batch_size=options.batch_size),
+                       trajectories, len(trajectories), options.epsilon, early_reject=True)
+    comparison = compare_decisions(full, [early])
+    identical = check_identical(comparison)
+    return {"data": f"expert_dataset({options.demo_data}, seed={seed})", "N": len(trajectories),
+            "candidates": candidate_count(full.results), "accepted_removals": accepted_removals(full.results),
+            "bound_tokens": bound_tokens(renderer, full.results),
+            "hf": {"wall_s": full.wall_s, "cpu_s": full.cpu_s, "tokens_processed": full.tokens_processed},
+            "hf+early-reject": {"wall_s": early.wall_s, "cpu_s": early.cpu_s,
+                                "tokens_processed": early.tokens_processed},
+            "decisions_compared": comparison, "decisions_identical": identical}
+
+
+def run_bench(options: BenchOptions, log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+    """Every (model, T) of the options; the JSON-ready report."""
+    import torch
+
+    from race_core.policy import load_policy
+
+    report: dict[str, Any] = {"runs": [], "torch_threads": torch.get_num_threads()}
+    for model_name in options.models:
+        checkpoint = checkpoint_for(model_name, options.cache_dir)
+        model, tokenizer = load_policy(checkpoint)
+        params = sum(p.numel() for p in model.parameters())
+        log(f"model {model_name}: {params / 1e6:.1f}M parameters ({checkpoint})")
+        for turns in options.turns:
+            run = bench_one(model_name, checkpoint, model, tokenizer, replace(options.workload, turns=turns),
+                            options, log)
+            run["parameters"] = params
+            report["runs"].append(run)
+        if model_name == "tiny" and options.demo_data and options.early_reject:
+            report["demo_early_reject"] = demo_early_reject(checkpoint, model, tokenizer, options)
+    return report

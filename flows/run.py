@@ -1,0 +1,91 @@
+"""What a flow body needs besides its stage calls: which stages run, and the summary of a run,
+both read from the stages' manifests (so the flow body stays the pipeline diagram).
+
+A stage runs when it is selected. A stage that is not selected but whose output a selected stage
+needs is looked up in the store (`only_cached`): its stored manifest is used, and a missing one
+fails the run with a message naming the stage. Other stages are skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from race_core.config import PipelineConfig
+
+# stage -> the stages whose output it reads (sample also reads the previous rl iteration's policy)
+NEEDS: dict[str, tuple[str, ...]] = {
+    "ingest": (), "validate": ("ingest",), "cover": ("ingest",), "compress": ("ingest", "cover"),
+    "sft": ("compress",), "sample": ("sft",), "rl": ("sample", "sft"), "evaluate": (),
+}
+
+
+def needed_stages(stages: tuple[str, ...] | list[str], rl_iterations: int) -> set[str]:
+    """The selected stages and every stage whose output they read."""
+    needed: set[str] = set()
+    todo = list(stages)
+    while todo:
+        stage = todo.pop()
+        if stage in needed:
+            continue
+        needed.add(stage)
+        todo.extend(NEEDS[stage])
+        if stage == "sample" and rl_iterations > 1:
+            todo.append("rl")
+    return needed
+
+
+class PipelineRun:
+    """Runs (or looks up, or skips) each stage of one pipeline run and keeps its manifest."""
+
+    def __init__(self, config: PipelineConfig, earlier: dict[str, dict[str, Any]] | None = None):
+        self.config = config
+        self.selected = set(config.stages)
+        self.needed = needed_stages(config.stages, config.rl.iterations)
+        self.manifests: dict[str, dict[str, Any]] = dict(earlier or {})
+
+    def stage(self, stage: str, task: Callable[..., dict[str, Any]], *args: Any, label: str | None = None,
+              **kwargs: Any) -> dict[str, Any] | None:
+        """Run `task` if `stage` is selected, look its output up if a selected stage needs it, else None.
+        The manifest is recorded under `label` (default: the stage name)."""
+        if stage not in self.needed:
+            return None
+        if stage in self.selected:
+            manifest = task(*args, **kwargs)
+        else:  # look up only: no task run, no retries
+            manifest = task.fn(*args, only_cached=True, **kwargs)
+        self.manifests[label or stage] = manifest
+        return manifest
+
+    def summary(self, run_info: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The run's summary (summary.json): per stage cached / wall time, the cover's counts, the
+        objects, the RL metrics and the evaluation by policy."""
+        m = self.manifests
+        summary: dict[str, Any] = {
+            "stages": {name: {"cached": bool(x["cached"]), "wall_s": x["wall_s"]}
+                       for name, x in m.items() if "cached" in x},
+            "objects": {},
+        }
+        if run_info:
+            summary["run"] = run_info
+        if "ingest" in m:
+            metrics = m["ingest"]["metrics"]
+            summary["trajectories"] = {"ingested": metrics["ingested"], "rejected": metrics["rejected"]}
+            summary["objects"]["rejects"] = m["ingest"]["objects"]["rejects"]
+        if "cover" in m:
+            summary["objects"]["decisions"] = m["cover"]["objects"]["decisions"]
+        if "compress" in m:
+            summary["cover"] = {k: m["compress"]["metrics"][k] for k in
+                                ("candidates", "removed", "reasoning_tokens_before", "reasoning_tokens_after")}
+            summary["objects"]["compressed"] = m["compress"]["objects"]["compressed"]
+        if "sft" in m:
+            summary["objects"]["sft_checkpoint"] = m["sft"]["objects"]["checkpoint"]
+        rl = [x for name, x in m.items() if name.startswith("rl_")]
+        if rl:
+            summary["rl"] = [x["metrics"] for x in rl]
+            summary["objects"]["rl_checkpoint"] = rl[-1]["objects"]["checkpoint"]
+        evals = {name.removeprefix("evaluate_"): x["metrics"] for name, x in m.items()
+                 if name.startswith("evaluate_")}
+        if evals:
+            summary["eval"] = evals
+        return summary

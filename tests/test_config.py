@@ -1,0 +1,90 @@
+"""One config per stage: every field documented, reachable from the CLI, and the same object after
+the trip through Prefect's parameter validation (what a UI or API run sends)."""
+
+import dataclasses
+
+import pytest
+
+from flows.cli import build_parser
+from flows.options import config_from_args
+from race_core.config import (
+    DEMO_CONFIG,
+    SECTIONS,
+    NightlyConfig,
+    PipelineConfig,
+    canonical_dtype,
+    field_help,
+    from_dict,
+    replace,
+)
+
+
+def all_config_classes():
+    return [PipelineConfig, NightlyConfig] + [type(getattr(PipelineConfig(), s)) for s in SECTIONS]
+
+
+@pytest.mark.parametrize("cls", all_config_classes(), ids=lambda c: c.__name__)
+def test_every_field_has_a_help_text(cls):
+    helps = field_help(cls)
+    sections = set(SECTIONS)
+    missing = [f.name for f in dataclasses.fields(cls) if f.name not in sections and not helps.get(f.name)]
+    assert not missing, f"{cls.__name__}: fields without a '# help' comment: {missing}"
+
+
+def test_every_setting_is_an_option_of_race_run():
+    parser = build_parser()
+    run = parser._subparsers._group_actions[0].choices["run"]
+    dests = {a.dest for a in run._actions}
+    for section in SECTIONS:
+        for f in dataclasses.fields(getattr(PipelineConfig(), section)):
+            assert f"config:{section}.{f.name}" in dests, (section, f.name)
+
+
+def test_race_run_options_build_the_config():
+    args = build_parser().parse_args([
+        "run", "--input", "a.jsonl", "b.jsonl", "--checkpoint", "/m", "--epsilon", "0.01", "--dtype", "bf16",
+        "--sft-lr", "0.5", "--no-sft-length-grouping", "--rl-iterations", "3", "--rl-difficulty", "2",
+        "--eval-tasks", "7", "--stages", "ingest", "cover", "--strict", "--seed", "5"])
+    config = config_from_args(PipelineConfig(), args).with_seed(args.seed)
+    expected = replace(PipelineConfig(inputs=("a.jsonl", "b.jsonl"), checkpoint="/m", stages=("ingest", "cover")),
+                       **{"cover.epsilon": 0.01, "resources.dtype": "bfloat16", "sft.lr": 0.5,
+                          "sft.length_grouping": False, "rl.iterations": 3, "rl.difficulty": 2,
+                          "evaluate.tasks": 7, "ingest.strict": True, "sft.seed": 5, "rl.seed": 5,
+                          "evaluate.seed": 5})
+    assert config == expected
+
+
+def test_options_not_given_keep_the_base_config():
+    args = build_parser().parse_args(["demo", "--epsilon", "0.02"])
+    config = config_from_args(DEMO_CONFIG, args)
+    assert config == replace(DEMO_CONFIG, **{"cover.epsilon": 0.02})
+    assert config.sft.lr == DEMO_CONFIG.sft.lr != PipelineConfig().sft.lr
+
+
+def test_dict_form_round_trips_and_names_unknown_fields():
+    config = replace(DEMO_CONFIG, inputs=("x",), **{"rl.difficulty": 3})
+    assert from_dict(PipelineConfig, dataclasses.asdict(config)) == config
+    with pytest.raises(ValueError, match="epsilonn"):
+        from_dict(PipelineConfig, {"cover": {"epsilonn": 1}})
+
+
+def test_dtype_names_are_canonical():
+    assert canonical_dtype("bf16") == canonical_dtype("bfloat16") == "bfloat16"
+    with pytest.raises(ValueError, match="unknown dtype 'float8'"):
+        canonical_dtype("float8")
+
+
+def test_prefect_validates_the_ui_form_into_the_config():
+    """What the UI or the API sends (JSON) becomes the same frozen config inside the flow run."""
+    import json
+
+    from flows.pipeline import race_pipeline
+
+    config = replace(DEMO_CONFIG, inputs=("data/a.jsonl",), checkpoint="/m", **{"resources.dtype": "bf16"})
+    sent = json.loads(json.dumps({"config": dataclasses.asdict(config)}))
+    received = race_pipeline.validate_parameters(sent)["config"]
+    assert received == config
+    schema = race_pipeline.parameters.model_dump()
+    definitions = schema["definitions"]
+    assert {"PipelineConfig", "CoverConfig", "SFTConfig", "RLConfig", "EvalConfig", "Resources"} <= set(definitions)
+    assert definitions["CoverConfig"]["properties"]["epsilon"]["default"] == PipelineConfig().cover.epsilon
