@@ -8,6 +8,7 @@ race report --summary F            rebuild report.md and plots from a summary.js
 race serve                         serve the deployments (manual, nightly) to a Prefect server
 race gc [--delete]                 list (or remove) store objects no manifest references
 race bench scoring [--json FILE]   scoring benchmark: naive vs full-forward vs ours vs the work bound
+race model smollm2                 build SmolLM2-135M-Instruct offline into a local checkpoint folder
 
 Every `race run` / `race cover` / `race demo` / `race serve` setting is a field of the configs in
 `race_core.config`; the options are generated from them (`flows.options`).
@@ -76,8 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_gc)
 
     from bench.cli import add_bench_parser
+    from flows.models_cli import add_model_parser
 
     add_bench_parser(sub)
+    add_model_parser(sub)
     return parser
 
 

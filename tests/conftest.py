@@ -21,6 +21,18 @@ def tiny_checkpoint(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def smollm2_checkpoint():
+    """SmolLM2-135M-Instruct as a save_pretrained folder, built once per machine (download and
+    build about a minute) under <repo>/.race/models, or $RACE_MODELS_DIR."""
+    from pathlib import Path
+
+    from race_core.smollm2 import ensure_smollm2
+
+    cache = os.environ.get("RACE_MODELS_DIR") or Path(__file__).resolve().parents[1] / ".race" / "models"
+    return ensure_smollm2(cache)
+
+
+@pytest.fixture(scope="session")
 def tiny_policy(tiny_checkpoint):
     from race_core.policy import load_policy
 
