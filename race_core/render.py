@@ -1,21 +1,41 @@
-"""Chat rendering and segment-wise tokenization (DESIGN §3).
+"""Chat rendering and tokenization (DESIGN §3): token-in/token-out.
 
 Each turn is one assistant message `<think>{reasoning}</think>\\nAction: {action}`; its observation
 follows as a user message `Observation: {observation}`. Removed reasoning renders as the empty block
 `<think></think>`, so closing early is a concrete token event.
 
-Every piece (segment) is tokenized on its own and the ids are concatenated, each token tagged with
-(turn, role). Spans are therefore exact by construction, and the ids before turn t do not depend on
-anything at or after t, which is what makes KV-prefix reuse in the scorer exact.
+`segments` is the one place that says how a trajectory renders: (text, turn, role) pieces in order.
+Their concatenation is the rendered text, and its token ids are the tokenizer's own ids of that
+text, the ids a model saw in training and produces at inference. The text is cut only right after
+an added token (the tokenizer splits its input at added tokens before anything else, so nothing
+merges across them: in practice the special tokens that close and open chat messages), each piece
+is tokenized whole (and cached: messages recur across the cover's candidates), and each token gets
+the (turn, role) of its last character from its character offsets, so a token that straddles two
+roles takes the later one (` go` in `Action: go` is an action token). An action's tokens are the
+tokens that overlap the action's characters.
+
+Whether this holds is checked once per tokenizer, on probe trajectories (unicode, whitespace at the
+edges, empty reasoning, numbers): the pieces' ids must equal the tokenizer's ids of the whole text,
+and the ids before every turn must not change when that turn's reasoning is removed, or when the
+history is rendered as a prompt for that turn (what KV-prefix reuse and sampling rely on). A
+tokenizer that fails (or is not a fast tokenizer, so has no offsets) is rendered in the documented
+fallback, `segments` mode: every segment tokenized on its own and the ids concatenated (spans exact
+by construction, prefixes stable, but the ids are not always the tokenizer's own); the reason is
+logged once.
 
 The chat template, when the checkpoint has one, supplies only the role wrappers (found by rendering
-a conversation of sentinel strings); past reasoning is always rendered here, exactly as the
-trajectory holds it, because some templates strip or rewrite earlier think blocks.
+a conversation of sentinel strings). Past reasoning is always rendered here, exactly as the
+trajectory holds it, because some templates strip or rewrite earlier think blocks; which kind the
+template is, is detected once (`template_mode`: `keeps-reasoning`, `strips-reasoning`, or `plain`
+without a template) and recorded with the cover's decisions (`render_mode`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import bisect
+import logging
+import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from functools import lru_cache
@@ -28,6 +48,10 @@ OPEN_MARKER = "<think>"
 CLOSE_MARKER = "</think>"
 ACTION_PREFIX = "\nAction: "
 OBSERVATION_PREFIX = "Observation: "
+CANONICAL, SEGMENTS = "canonical", "segments"
+
+log = logging.getLogger("race.render")
+_REPORTED: set[str] = set()  # tokenizers whose fallback was already logged
 
 
 class Role(IntEnum):
@@ -45,6 +69,8 @@ class Role(IntEnum):
 
 # Roles the policy produces: SFT targets and RL policy tokens.
 ASSISTANT_ROLES = (Role.OPEN, Role.REASONING, Role.CLOSE, Role.ACTION_PREFIX, Role.ACTION, Role.END)
+
+Segment = tuple[str, int, Role]  # (text, turn, role)
 
 
 @dataclass(frozen=True)
@@ -87,6 +113,19 @@ class ChatWrappers:
                    assistant_to_user=between[len(assistant_end):])
 
 
+def template_mode(tokenizer) -> str:
+    """`keeps-reasoning` if the chat template renders an earlier assistant message's think block as
+    given, `strips-reasoning` if it drops or rewrites it (Qwen3-style), `plain` without a template."""
+    if not getattr(tokenizer, "chat_template", None):
+        return "plain"
+    reasoning = "RACE sentinel reasoning 7f3a"
+    conv = [{"role": "user", "content": "q"},
+            {"role": "assistant", "content": f"{OPEN_MARKER}{reasoning}{CLOSE_MARKER}{ACTION_PREFIX}a"},
+            {"role": "user", "content": "o"}, {"role": "assistant", "content": "b"}]
+    text = tokenizer.apply_chat_template(conv, tokenize=False)
+    return "keeps-reasoning" if f"{OPEN_MARKER}{reasoning}{CLOSE_MARKER}" in text else "strips-reasoning"
+
+
 def _adds_bos(tokenizer) -> bool:
     bos_id = getattr(tokenizer, "bos_token_id", None)
     if bos_id is None:
@@ -99,8 +138,8 @@ def _adds_bos(tokenizer) -> bool:
 class Rendered:
     """Token ids of a trajectory with a (turn, role) tag per token.
 
-    `turn_starts[t]` is the index of turn t's open marker: everything before it is independent of
-    turns >= t. `action_spans[t]` is the [start, end) range of turn t's action tokens.
+    `turn_starts[t]` is the index of turn t's first open-marker token: everything before it is
+    independent of turns >= t. `action_spans[t]` is the [start, end) range of turn t's action tokens.
     Context before turn 0 carries turn -1.
     """
 
@@ -123,10 +162,29 @@ class Rendered:
         return int(self.mask(Role.REASONING, turn=turn).sum())
 
 
+@dataclass(frozen=True)
+class Tokens:
+    """Ids of rendered segments: per token its (turn, role), and the [start, end) token range of
+    every segment (the tokens that overlap its characters)."""
+
+    ids: list[int]
+    turns: list[int]
+    roles: list[int]
+    spans: list[tuple[int, int]]
+
+
+PROBE_QUESTION = " Compute (12 + 7) × 3 — naïve ünïcödé  \n"
+PROBE_TURNS = (
+    Turn(reasoning=" First, add 12 and 7.\n", action="calc[12+7]", observation="19"),
+    Turn(reasoning="", action=" calc[19*3] ", observation=" 57 \n"),
+    Turn(reasoning="Done:\t57 ✓ ", action="finish[57]", observation=""),
+)
+
+
 class Renderer:
     """Renders trajectories to token ids for one tokenizer (chat template or plain fallback)."""
 
-    def __init__(self, tokenizer, use_chat_template: bool | None = None):
+    def __init__(self, tokenizer, use_chat_template: bool | None = None, tokenization: str | None = None):
         self.tokenizer = tokenizer
         has_template = bool(getattr(tokenizer, "chat_template", None))
         if use_chat_template is None:
@@ -135,71 +193,151 @@ class Renderer:
             raise ValueError("use_chat_template=True but the tokenizer has no chat template")
         self.wrappers = (ChatWrappers.from_template(tokenizer) if use_chat_template
                          else ChatWrappers.plain(getattr(tokenizer, "eos_token", None)))
+        self.template_mode = template_mode(tokenizer) if use_chat_template else "plain"
         self.bos_ids: tuple[int, ...] = (tokenizer.bos_token_id,) if _adds_bos(tokenizer) else ()
         self._encode = lru_cache(maxsize=65536)(self._encode_uncached)
+        self._piece = lru_cache(maxsize=65536)(self._piece_uncached)
+        self._backend = _offsets_backend(tokenizer)
+        self._cut = _added_token_pattern(tokenizer)
+        if tokenization not in (None, CANONICAL, SEGMENTS):
+            raise ValueError(f"tokenization must be {CANONICAL!r} or {SEGMENTS!r}, got {tokenization!r}")
+        self.tokenization = CANONICAL
+        self.fallback_reason = None if tokenization else self._canonical_problem()
+        if tokenization == SEGMENTS or self.fallback_reason:
+            self.tokenization = SEGMENTS
+        if self.fallback_reason:
+            name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+            if name not in _REPORTED:
+                _REPORTED.add(name)
+                log.warning("tokenizer %s: rendering in segments mode (each segment tokenized alone): %s",
+                            name, self.fallback_reason)
 
+    @property
+    def render_mode(self) -> str:
+        """How this renderer tokenizes and what the template does with reasoning (for the record)."""
+        return f"{self.tokenization}/{self.template_mode}"
+
+    # -- tokenization ---------------------------------------------------------------------------
     def _encode_uncached(self, text: str) -> tuple[int, ...]:
         if not text:
             return ()
         return tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def encode(self, text: str) -> tuple[int, ...]:
-        """Ids of one segment (cached: the same segments recur across candidates)."""
+        """The tokenizer's ids of `text` on its own (no special tokens added; cached)."""
         return self._encode(text)
 
-    def segments(self, question: str, turns: Sequence[Turn]):
-        """(text, turn, role) pieces in order: the one place that says how a trajectory renders."""
+    def _piece_uncached(self, text: str) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
+        encoding = self._backend.encode(text, add_special_tokens=False)
+        return tuple(encoding.ids), tuple(encoding.offsets)
+
+    def _pieces(self, text: str) -> Iterable[tuple[int, str]]:
+        """(start, piece) cuts of `text` right after each added token."""
+        start = 0
+        if self._cut is not None:
+            for match in self._cut.finditer(text):
+                yield start, text[start:match.end()]
+                start = match.end()
+        if start < len(text):
+            yield start, text[start:]
+
+    def tokenize(self, segments: Sequence[Segment]) -> Tokens:
+        """Ids of the concatenated segments with per-token tags (see the module docstring)."""
+        if self.tokenization == SEGMENTS:
+            return self._tokenize_segments(segments)
+        starts, text_parts = [], []
+        position = 0
+        for text, _, _ in segments:
+            starts.append(position)
+            text_parts.append(text)
+            position += len(text)
+        text = "".join(text_parts)
+        ids: list[int] = []
+        turns: list[int] = []
+        roles: list[int] = []
+        spans = [[-1, -1] for _ in segments]
+        for offset, piece in self._pieces(text):
+            piece_ids, offsets = self._piece(piece)
+            for token, (s, e) in zip(piece_ids, offsets, strict=True):
+                s, e = s + offset, max(e, s + 1) + offset
+                k = bisect.bisect_right(starts, e - 1) - 1
+                while k > 0 and not segments[k][0]:
+                    k -= 1  # an empty segment owns no character
+                index = len(ids)
+                ids.append(token)
+                turns.append(segments[k][1])
+                roles.append(int(segments[k][2]))
+                first = bisect.bisect_right(starts, s) - 1
+                for j in range(max(first, 0), k + 1):  # every segment the token overlaps
+                    if segments[j][0] and starts[j] < e and starts[j] + len(segments[j][0]) > s:
+                        if spans[j][0] < 0:
+                            spans[j][0] = index
+                        spans[j][1] = index + 1
+        return Tokens(ids, turns, roles, [(a, b) if a >= 0 else (_after(spans, j), _after(spans, j))
+                                          for j, (a, b) in enumerate(spans)])
+
+    def _tokenize_segments(self, segments: Sequence[Segment]) -> Tokens:
+        ids: list[int] = []
+        turns: list[int] = []
+        roles: list[int] = []
+        spans: list[tuple[int, int]] = []
+        for text, turn, role in segments:
+            piece = self.encode(text)
+            spans.append((len(ids), len(ids) + len(piece)))
+            ids.extend(piece)
+            turns.extend([turn] * len(piece))
+            roles.extend([int(role)] * len(piece))
+        return Tokens(ids, turns, roles, spans)
+
+    # -- rendering ------------------------------------------------------------------------------
+    def segments(self, question: str, turns: Sequence[Turn], open_next: bool = False) -> list[Segment]:
+        """(text, turn, role) pieces in order: the one place that says how a trajectory renders.
+        `open_next` ends with the opening of the next assistant message (a prompt for it)."""
         w = self.wrappers
-        yield w.head, -1, Role.CONTEXT
-        yield question, -1, Role.CONTEXT
-        yield w.user_to_assistant, -1, Role.CONTEXT
+        out: list[Segment] = [(w.head, -1, Role.CONTEXT), (question, -1, Role.CONTEXT),
+                              (w.user_to_assistant, -1, Role.CONTEXT)]
         for t, turn in enumerate(turns):
-            yield OPEN_MARKER, t, Role.OPEN
-            yield turn.reasoning, t, Role.REASONING
-            yield CLOSE_MARKER, t, Role.CLOSE
-            yield ACTION_PREFIX, t, Role.ACTION_PREFIX
-            yield turn.action, t, Role.ACTION
-            yield w.assistant_end, t, Role.END
-            if t + 1 < len(turns) or turn.observation:
-                yield w.assistant_to_user, t, Role.CONTEXT
-                yield OBSERVATION_PREFIX + turn.observation, t, Role.OBSERVATION
-                if t + 1 < len(turns):
-                    yield w.user_to_assistant, t, Role.CONTEXT
+            out += [(OPEN_MARKER, t, Role.OPEN), (turn.reasoning, t, Role.REASONING), (CLOSE_MARKER, t, Role.CLOSE),
+                    (ACTION_PREFIX, t, Role.ACTION_PREFIX), (turn.action, t, Role.ACTION),
+                    (w.assistant_end, t, Role.END)]
+            last = t + 1 == len(turns)
+            if not last or turn.observation or open_next:
+                out += self.observation_segments(t, turn.observation, open_next=not last or open_next)
+        return out
+
+    def observation_segments(self, turn: int, observation: str, open_next: bool) -> list[Segment]:
+        """What follows turn `turn`'s assistant message: its observation as a user message, then
+        (`open_next`) the opening of the next assistant message."""
+        w = self.wrappers
+        out: list[Segment] = [(w.assistant_to_user, turn, Role.CONTEXT),
+                              (OBSERVATION_PREFIX + observation, turn, Role.OBSERVATION)]
+        if open_next:
+            out.append((w.user_to_assistant, turn, Role.CONTEXT))
+        return out
 
     def render(self, trajectory: Trajectory) -> Rendered:
         return self.render_turns(trajectory.question, trajectory.turns)
 
     def render_turns(self, question: str, turns: Sequence[Turn]) -> Rendered:
-        ids: list[int] = list(self.bos_ids)
-        turn_tags: list[int] = [-1] * len(ids)
-        role_tags: list[int] = [int(Role.CONTEXT)] * len(ids)
-        turn_starts: list[int] = []
-        action_spans: list[tuple[int, int]] = []
-        for text, t, role in self.segments(question, turns):
-            if role == Role.OPEN:
-                turn_starts.append(len(ids))
-            piece = self.encode(text)
-            if role == Role.ACTION:
-                action_spans.append((len(ids), len(ids) + len(piece)))
-            ids.extend(piece)
-            turn_tags.extend([t] * len(piece))
-            role_tags.extend([int(role)] * len(piece))
+        segments = self.segments(question, turns)
+        tokens = self.tokenize(segments)
+        bos = list(self.bos_ids)
+        shift = len(bos)
+        turn_starts = tuple(tokens.spans[k][0] + shift for k, (_, _, role) in enumerate(segments) if role == Role.OPEN)
+        action_spans = tuple((a + shift, b + shift) for k, (a, b) in enumerate(tokens.spans)
+                             if segments[k][2] == Role.ACTION)
         return Rendered(
-            input_ids=np.asarray(ids, dtype=np.int64),
-            turns=np.asarray(turn_tags, dtype=np.int32),
-            roles=np.asarray(role_tags, dtype=np.int8),
-            turn_starts=tuple(turn_starts),
-            action_spans=tuple(action_spans),
+            input_ids=np.asarray(bos + tokens.ids, dtype=np.int64),
+            turns=np.asarray([-1] * shift + tokens.turns, dtype=np.int32),
+            roles=np.asarray([int(Role.CONTEXT)] * shift + tokens.roles, dtype=np.int8),
+            turn_starts=turn_starts,
+            action_spans=action_spans,
         )
 
     def prompt_ids(self, question: str, turns: Sequence[Turn]) -> list[int]:
         """Ids of the context in which the policy writes the next turn: the history (each past
         turn with its observation), then the assistant opening, ending right before `<think>`."""
-        rendered = self.render_turns(question, turns)
-        ids = rendered.input_ids.tolist()
-        if turns:
-            ids.extend(self.encode(self.wrappers.user_to_assistant))
-        return ids
+        return list(self.bos_ids) + self.tokenize(self.segments(question, turns, open_next=bool(turns))).ids
 
     @property
     def open_ids(self) -> tuple[int, ...]:
@@ -212,3 +350,54 @@ class Renderer:
     @property
     def end_ids(self) -> tuple[int, ...]:
         return self.encode(self.wrappers.assistant_end)
+
+    # -- the once-per-tokenizer check -----------------------------------------------------------
+    def _canonical_problem(self) -> str | None:
+        """Why canonical rendering does not hold for this tokenizer, or None when it does."""
+        if self._backend is None:
+            return "not a fast tokenizer (no character offsets)"
+        question, turns = PROBE_QUESTION, PROBE_TURNS
+        full = self.render_turns(question, turns)
+        text = "".join(text for text, _, _ in self.segments(question, turns))
+        own = list(self.bos_ids) + list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        if full.input_ids.tolist() != own:
+            return "its ids of the rendered text differ from the ids of the text cut at added tokens"
+        for t in range(len(turns)):
+            start = full.turn_starts[t]
+            if self.prompt_ids(question, turns[:t])[:start] != full.input_ids[:start].tolist() or \
+                    len(self.prompt_ids(question, turns[:t])) != start:
+                return f"the prompt for turn {t} is not a prefix of the rendered ids"
+            cut = list(turns)
+            cut[t] = Turn("", cut[t].action, cut[t].observation)
+            removed = self.render_turns(question, cut)
+            if removed.input_ids[:start].tolist() != full.input_ids[:start].tolist() or \
+                    removed.turn_starts[t] != start:
+                return f"removing turn {t}'s reasoning changes the ids before it"
+        return None
+
+
+def _after(spans: list[list[int]], j: int) -> int:
+    """The token index where an empty segment sits: after the last token of the segments before it."""
+    return max((b for a, b in spans[:j] if a >= 0), default=0)
+
+
+def _offsets_backend(tokenizer):
+    """The fast tokenizer's backend without its post-processor (which can trim offsets), or None."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or not getattr(tokenizer, "is_fast", False):
+        return None
+    from tokenizers import Tokenizer
+
+    raw = Tokenizer.from_str(backend.to_str())
+    raw.post_processor = None
+    raw.no_truncation()
+    raw.no_padding()
+    return raw
+
+
+def _added_token_pattern(tokenizer) -> re.Pattern | None:
+    """The added tokens the tokenizer splits its input at (those that strip no whitespace)."""
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    contents = sorted({t.content for t in added.values() if t.content and not (t.lstrip or t.rstrip)},
+                      key=len, reverse=True)
+    return re.compile("|".join(re.escape(c) for c in contents)) if contents else None

@@ -6,25 +6,19 @@ wrapper/observation ids are appended after the generated ones. Past turns are ne
 the context the sampler saw, the sequence the RL update scores and the old log-probs agree exactly.
 
 After each generation (stop token included):
-  * the generated ids are parsed by decoding: the text between `<think>` and `</think>` is the
-    reasoning, the text after `\\nAction: ` (up to the end-of-turn stop) is the action. A generation
-    that does not follow this format (no leading `<think>`, no `</think>`, no `\\nAction: ` after
-    it, or no stop before the token limit) is *malformed*: the env receives an empty action, which
-    it answers as invalid (still a turn of the budget);
-  * if the stop was the first token of the assistant_end wrapper, the rest of it
-    (`renderer.end_ids[1:]`) is appended; after a length cut, the whole wrapper;
-  * then `assistant_to_user`, `Observation: ...` and, unless the episode is over,
-    `user_to_assistant`: the same segments, roles and turn tags as `render.py` gives them, so
-    for well-formed turns whose tokens happen to be canonical the rollout's ids equal
-    `renderer.render_turns(question, turns)`.
-
-Generated tokens get roles by locating the marker ids: the leading `renderer.open_ids` is OPEN, up
-to `renderer.close_ids` is REASONING, the close marker is CLOSE, the stop token END. After the close
-marker, if the generated ids continue with exactly `renderer.encode("\\nAction: ")` those tokens are
-ACTION_PREFIX and the rest ACTION; if the model spelled the prefix with other tokens (same text,
-different split) all tokens after the close marker are tagged ACTION (fallback: the prefix is then
-not separable by ids). Tokens of a generation without a leading open marker are all ACTION; after
-an open marker that is never closed, all REASONING.
+  * the generated ids are kept as generated (token-out: what the policy wrote is what RL trains
+    on) and parsed by decoding: the text between `<think>` and `</think>` is the reasoning, the
+    text after `\\nAction: ` (up to the end-of-turn stop) is the action. A generation that does not
+    follow this format (no leading `<think>`, no `</think>`, no `\\nAction: ` after it, or no stop
+    before the token limit) is *malformed*: the env receives an empty action, which it answers as
+    invalid (still a turn of the budget). Each generated token takes the role of its last decoded
+    character, as the renderer tags rendered tokens; the stop token is END;
+  * then the rest of the assistant message's closing wrapper (all of it after a length cut), the
+    observation and, unless the episode is over, the next assistant opening, tokenized by
+    `Renderer.tokenize` from the same segments `render.py` renders. The stop is an added token
+    where the chat format closes messages with one, and the renderer cuts right after added
+    tokens, so for well-formed turns written in the tokenizer's own tokens the rollout's ids equal
+    `renderer.render_turns(question, turns)` plus the prompt's opening.
 
 Only the env's private judge reads the task's answer; reference actions are never read here.
 
@@ -37,6 +31,7 @@ token ids, roles, masks and old log-probs exact.
 
 from __future__ import annotations
 
+import bisect
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -52,7 +47,7 @@ from race_core.envs.calculator import (
     CalculatorTask,
     generate_tasks,
 )
-from race_core.render import ACTION_PREFIX, OBSERVATION_PREFIX, Renderer, Role
+from race_core.render import ACTION_PREFIX, CLOSE_MARKER, OPEN_MARKER, Renderer, Role
 from race_core.sampling import Sample, Sampler, SamplingParams
 from race_core.schema import SchemaError, Trajectory, Turn
 
@@ -125,43 +120,40 @@ class Rollout:
             return None
 
 
-def _find(ids: Sequence[int], pattern: Sequence[int], start: int = 0) -> int:
-    """Index of the first occurrence of `pattern` in `ids` at or after `start`; -1 if none."""
-    n, m = len(ids), len(pattern)
-    if m == 0:
-        return -1
-    for i in range(start, n - m + 1):
-        if tuple(ids[i:i + m]) == tuple(pattern):
-            return i
-    return -1
+def _char_ends(tokenizer, ids: Sequence[int]) -> list[int]:
+    """For each token, where its text ends in `decode(ids)` (cumulative decoding, so a character
+    split over byte tokens ends at its last byte's token)."""
+    ends, last = [], 0
+    for k in range(len(ids)):
+        last = max(last, len(tokenizer.decode(ids[:k + 1], skip_special_tokens=False)))
+        ends.append(last)
+    return ends
 
 
 def parse_generation(renderer: Renderer, token_ids: Sequence[int], stopped: bool) -> ParsedGeneration:
     """Split one generated turn into reasoning / action and tag each token with its role.
 
-    `stopped` says the last token is the end-of-turn stop (the sampler's finish_reason "stop")."""
+    `stopped` says the last token is the end-of-turn stop (the sampler's finish_reason "stop").
+    Roles come from the decoded text, as the renderer gives them: each token takes the role of its
+    last character."""
     tokenizer = renderer.tokenizer
     body = list(token_ids[:-1] if stopped else token_ids)
-    roles = [int(Role.ACTION)] * len(body)
-    open_ids, close_ids = renderer.open_ids, renderer.close_ids
-    prefix_ids = renderer.encode(ACTION_PREFIX)
+    text = tokenizer.decode(body, skip_special_tokens=False)
+    bounds = [(0, Role.ACTION)]  # (first character, role), in order
     reasoning, action, well_formed = "", "", False
-
-    has_open = len(body) >= len(open_ids) and tuple(body[:len(open_ids)]) == tuple(open_ids)
-    close_at = _find(body, close_ids, len(open_ids)) if has_open else -1
-    if has_open:
-        roles[:len(open_ids)] = [int(Role.OPEN)] * len(open_ids)
-        end_reasoning = close_at if close_at >= 0 else len(body)
-        roles[len(open_ids):end_reasoning] = [int(Role.REASONING)] * (end_reasoning - len(open_ids))
-    if close_at >= 0:
-        after = close_at + len(close_ids)
-        roles[close_at:after] = [int(Role.CLOSE)] * len(close_ids)
-        if tuple(body[after:after + len(prefix_ids)]) == tuple(prefix_ids):
-            roles[after:after + len(prefix_ids)] = [int(Role.ACTION_PREFIX)] * len(prefix_ids)
-        reasoning = tokenizer.decode(body[len(open_ids):close_at], skip_special_tokens=False)
-        tail = tokenizer.decode(body[after:], skip_special_tokens=False)
-        if tail.startswith(ACTION_PREFIX) and stopped:
-            action, well_formed = tail[len(ACTION_PREFIX):], True
+    if text.startswith(OPEN_MARKER):
+        bounds = [(0, Role.OPEN), (len(OPEN_MARKER), Role.REASONING)]
+        close_at = text.find(CLOSE_MARKER, len(OPEN_MARKER))
+        if close_at >= 0:
+            after = close_at + len(CLOSE_MARKER)
+            bounds += [(close_at, Role.CLOSE), (after, Role.ACTION)]
+            reasoning = text[len(OPEN_MARKER):close_at]
+            if text.startswith(ACTION_PREFIX, after):
+                bounds[-1:] = [(after, Role.ACTION_PREFIX), (after + len(ACTION_PREFIX), Role.ACTION)]
+                if stopped:
+                    action, well_formed = text[after + len(ACTION_PREFIX):], True
+    starts = [start for start, _ in bounds]
+    roles = [int(bounds[max(bisect.bisect_right(starts, end - 1) - 1, 0)][1]) for end in _char_ends(tokenizer, body)]
     if stopped:
         roles.append(int(Role.END))
     return ParsedGeneration(reasoning=reasoning, action=action, well_formed=well_formed, roles=tuple(roles))
@@ -179,11 +171,11 @@ class _Episode:
                                prompt_length=len(prompt))
         self._append(prompt, -1, Role.CONTEXT)
 
-    def _append(self, ids: Sequence[int], turn: int, role: Role | Sequence[int], policy: bool = False,
-                logprobs: Sequence[float] | None = None) -> None:
+    def _append(self, ids: Sequence[int], turn: int | Sequence[int], role: Role | Sequence[int],
+                policy: bool = False, logprobs: Sequence[float] | None = None) -> None:
         r = self.rollout
         r.token_ids.extend(int(i) for i in ids)
-        r.turn_tags.extend([turn] * len(ids))
+        r.turn_tags.extend([turn] * len(ids) if isinstance(turn, int) else [int(x) for x in turn])
         r.roles.extend([int(role)] * len(ids) if isinstance(role, Role) else [int(x) for x in role])
         r.policy_mask.extend([policy] * len(ids))
         r.old_logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
@@ -193,26 +185,26 @@ class _Episode:
         return self.env.done
 
     def advance(self, sample: Sample) -> None:
-        """Append one generated turn, run its action in the env, append the observation."""
-        renderer, w, r = self.renderer, self.renderer.wrappers, self.rollout
+        """Append one generated turn, run its action in the env, then append the rest of the
+        assistant message's closing, the observation and (unless done) the next opening, tokenized
+        by the renderer as it renders them."""
+        renderer, r = self.renderer, self.rollout
         turn = len(r.turns)
-        end_ids = renderer.end_ids
         stopped = sample.finish_reason == "stop" and len(sample.token_ids) > 0
         parsed = parse_generation(renderer, sample.token_ids, stopped)
         self._append(sample.token_ids, turn, parsed.roles, policy=True, logprobs=sample.logprobs)
-        if stopped and end_ids and sample.token_ids[-1] == end_ids[0]:
-            self._append(end_ids[1:], turn, Role.END)
-        else:  # a length cut, or a stop on an EOS that is not the wrapper: close the message
-            self._append(end_ids, turn, Role.END)
         result = self.env.step(parsed.action if parsed.well_formed else "")
         r.turns.append(Turn(reasoning=parsed.reasoning, action=parsed.action, observation=result.observation))
         r.well_formed.append(parsed.well_formed)
-        self._append(renderer.encode(w.assistant_to_user), turn, Role.CONTEXT)
-        self._append(renderer.encode(OBSERVATION_PREFIX + result.observation), turn, Role.OBSERVATION)
+        closing = renderer.wrappers.assistant_end
+        if stopped:  # the stop token opened the closing wrapper: only its rest follows
+            stop_text = renderer.tokenizer.decode(sample.token_ids[-1:], skip_special_tokens=False)
+            closing = closing[len(stop_text):] if closing.startswith(stop_text) else closing
+        tokens = renderer.tokenize([(closing, turn, Role.END),
+                                    *renderer.observation_segments(turn, result.observation, not result.done)])
+        self._append(tokens.ids, tokens.turns, tokens.roles)
         if result.done:
             r.success, r.reward, r.finished = self.env.success, self.env.reward, self.env.finished
-        else:
-            self._append(renderer.encode(w.user_to_assistant), turn, Role.CONTEXT)
 
 
 def run_rollouts(

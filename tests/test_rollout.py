@@ -140,13 +140,15 @@ def test_parse_generation_reads_reasoning_action_and_roles(random_policy):
                 + [Role.ACTION] * len(renderer.encode("calc[1 + 2]")) + [Role.END])
     assert list(parsed.roles) == [int(r) for r in expected]
 
-    # the same text with the prefix spelled by other tokens: parsed the same, prefix tagged ACTION
+    # the same text with the prefix spelled by other tokens: parsed the same, roles by characters
     spelled = [i for ch in ACTION_PREFIX for i in renderer.encode(ch)]
     assert tuple(spelled) != renderer.encode(ACTION_PREFIX)
     ids2 = list(renderer.encode("<think></think>")) + spelled + list(renderer.encode("finish[3]")) + [stop]
     parsed2 = parse_generation(renderer, ids2, stopped=True)
     assert parsed2.well_formed and parsed2.reasoning == "" and parsed2.action == "finish[3]"
-    assert list(parsed2.roles[2:-1]) == [int(Role.ACTION)] * (len(ids2) - 3)
+    n = len(spelled)
+    assert list(parsed2.roles[2:2 + n]) == [int(Role.ACTION_PREFIX)] * n
+    assert list(parsed2.roles[2 + n:-1]) == [int(Role.ACTION)] * (len(ids2) - 3 - n)
 
     # no leading <think>, or no stop before the token limit: malformed
     assert not parse_generation(renderer, list(renderer.encode("calc[1 + 2]")) + [stop], True).well_formed

@@ -12,9 +12,11 @@ One iteration:
      reasoning tokens of those turns (`skipped_mask`). Failed rollouts (and successful ones with a
      malformed turn, which have no faithful Trajectory) keep ordinary policy masks.
   4. Closure terms: for each skipped turn t, log p(close marker | compressed context up to and
-     including turn t's open marker) under the NEW policy, with gradient; the compressed context is
-     `renderer.render(cover.trajectory)` up to `turn_starts[t] + len(open_ids)`, the log-prob is the
-     sum over the close marker's tokens.
+     including turn t's open marker) under the NEW policy, with gradient: in
+     `renderer.render(cover.trajectory)` (the tokenizer's own ids), the sum of the log-probs of
+     turn t's close-marker tokens (role CLOSE: one token where `</think>` is one, and a token that
+     joins the end of `<think>` to the start of `</think>` counts as the marker's) given everything
+     before them.
   5. logp_new recomputed with gradient (one forward over all rollout sequences, right padded) →
      `cover_aware_loss` → optimizer step(s), torch seeded with `config.seed` first.
 
@@ -27,6 +29,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from race_core.config import DEFAULT_EPSILON, RLConfig
@@ -107,9 +110,8 @@ def build_rl_batch(renderer: Renderer, rollouts: Sequence[Rollout], covers: dict
     policy = torch.zeros((rows, width), dtype=torch.bool)
     skipped = torch.zeros((rows, width), dtype=torch.bool)
     logp_old = torch.zeros((rows, width), dtype=torch.float32)
-    closure_sequences: list[list[int]] = []
+    closure_sequences: list[tuple[list[int], int]] = []  # (ids up to the close marker's end, its token count)
     closure_turns: list[tuple[int, int]] = []
-    close_ids = list(renderer.close_ids)
     for row, rollout in enumerate(rollouts):
         a = rollout.arrays()
         n = len(a["token_ids"])
@@ -124,17 +126,17 @@ def build_rl_batch(renderer: Renderer, rollouts: Sequence[Rollout], covers: dict
         for t in cover.skipped_turns:
             own_reasoning = (a["turns"] == t) & (a["roles"] == int(Role.REASONING)) & a["policy_mask"]
             skipped[row, :n] |= torch.from_numpy(own_reasoning)
-            context = compressed.input_ids[: compressed.turn_starts[t] + len(renderer.open_ids)].tolist()
-            closure_sequences.append(context + close_ids)
+            close = np.flatnonzero(compressed.mask(Role.CLOSE, turn=t))
+            closure_sequences.append((compressed.input_ids[: close[-1] + 1].tolist(), len(close)))
             closure_turns.append((row, t))
-    c_width = max((len(s) for s in closure_sequences), default=0)
+    c_width = max((len(s) for s, _ in closure_sequences), default=0)
     closure_ids = torch.full((len(closure_sequences), c_width), pad_id, dtype=torch.long)
     closure_attention = torch.zeros((len(closure_sequences), c_width), dtype=torch.long)
     closure_targets = torch.zeros((len(closure_sequences), c_width), dtype=torch.bool)
-    for k, sequence in enumerate(closure_sequences):
+    for k, (sequence, marker_tokens) in enumerate(closure_sequences):
         closure_ids[k, :len(sequence)] = torch.as_tensor(sequence)
         closure_attention[k, :len(sequence)] = 1
-        closure_targets[k, len(sequence) - len(close_ids):len(sequence)] = True
+        closure_targets[k, len(sequence) - marker_tokens:len(sequence)] = True
     return RLBatch(
         input_ids=input_ids, attention_mask=attention, policy_mask=policy, skipped_mask=skipped,
         logp_old=logp_old, advantages=advantages.float(),
