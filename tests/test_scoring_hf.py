@@ -7,6 +7,7 @@ import torch
 from race_core.render import Renderer
 from race_core.scoring import ScoreRequest
 from race_core.scoring.hf import HFScorer
+from race_core.tiny import TINY
 
 
 def plain_action_means(model, renderer, trajectory):
@@ -81,6 +82,7 @@ def test_scorer_reports_its_noise_far_below_epsilon(tiny_policy, expert_trajecto
 def test_from_pretrained_loads_a_local_folder_only(tiny_checkpoint, tmp_path):
     scorer = HFScorer.from_pretrained(str(tiny_checkpoint))
     assert scorer.name == "hf"
+    assert scorer.max_length == TINY.max_positions
     with pytest.raises(FileNotFoundError, match="not a local folder"):
         HFScorer.from_pretrained("some-org/some-model")
     (tmp_path / "config.json").write_text("{}")

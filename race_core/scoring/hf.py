@@ -9,7 +9,19 @@ the removed reasoning on is fed. Keys must be unique within one `score` call.
 
 In a batch, cached prefixes are left-padded to a common length and new tokens right-padded; the
 attention mask hides both paddings and position ids are given explicitly, so each row computes what
-it would alone (up to float summation order, which `measure_noise` reports).
+it would alone (up to float summation order, which `measure_noise` reports). Padding shifts a row's
+queries and keys by the same offset, so a sliding window, which the model's mask applies to index
+distances, still spans the same tokens. The cache is a `DynamicCache` built without the model's
+config: every layer keeps all positions. One built from the config keeps only the last
+`sliding_window - 1` positions of sliding-window layers (Mistral, Qwen2, Gemma2/3, Cohere2), so a
+reused prefix would lose its start; `_keep_prefixes` checks that no layer did.
+
+The model's own forward computes logits from the decoder's last hidden states for every position;
+the scorer runs the decoder alone and the head only on the states that predict action tokens, with
+the post-decoder step of the architecture (`head_logits`: Gemma's soft-capping, Cohere's and
+Granite's logit scales). Each model is checked once against its own forward
+(`verify_against_forward`), so an architecture whose forward does something else is refused instead
+of scored wrong.
 
 New tokens are fed in chunks of `chunk_tokens` (chunked prefill). With a cache and padding the
 attention runs under an explicit mask, which cannot skip the causal upper triangle: one long chunk
@@ -20,7 +32,8 @@ triangles. On the 20M benchmark model (N = 16, T = 16, batch 16) the cover took 
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+import weakref
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,16 +46,75 @@ from race_core.scoring import ScoreRequest, ScorerStats, batch_noise
 MAX_SEQUENCES_PER_KEY = 3
 
 
+def _lm_head(model, hidden_states: torch.Tensor) -> torch.Tensor:
+    return model.get_output_embeddings()(hidden_states)
+
+
+def _softcapped(model, hidden_states: torch.Tensor) -> torch.Tensor:
+    logits, cap = _lm_head(model, hidden_states), model.config.get_text_config().final_logit_softcapping
+    return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
+# How `ForCausalLM.forward` turns the decoder's last hidden states into logits, by `config.model_type`,
+# where it is more than the output embedding: as written in transformers 5.19's modeling files
+# (Gemma3's multimodal model, "gemma3", applies no soft-capping there).
+HEADS: dict[str, Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]] = {
+    **dict.fromkeys(("gemma2", "gemma3_text", "gemma3n", "gemma3n_text", "gemma4", "gemma4_text",
+                     "vaultgemma", "nanochat"), _softcapped),
+    **dict.fromkeys(("cohere", "cohere2", "cohere2_moe"), lambda model, h: _lm_head(model, h) * model.logit_scale),
+    **dict.fromkeys(("granite", "granitemoe", "granitemoeshared", "granitemoehybrid", "granite_swa",
+                     "granitemoe_swa"), lambda model, h: _lm_head(model, h) / model.config.logits_scaling),
+    "hyperclovax": lambda model, h: _lm_head(model, h) * model.config.logits_scaling,
+    "minicpm3": lambda model, h: _lm_head(model, h / model.config.logits_scaling),
+}
+
+
+def head_logits(model, hidden_states: torch.Tensor) -> torch.Tensor:
+    """The logits `model.forward` computes from these last hidden states of its decoder (`HEADS`)."""
+    return HEADS.get(model.config.model_type, _lm_head)(model, hidden_states)
+
+
+# The probe (`HFScorer.verify_against_forward`) allows, per token log-prob: for `head_logits` against
+# the forward's own head, which compute the same operations, PROBE_TOLERANCE; for the scorer's cached,
+# padded and batched path, float noise, which grows with the rounding of the logits: measured
+# 0.2-5 x eps x max|logit| (tiny model and SmolLM2-135M in float32, bfloat16, float16; SmolLM2 in
+# float32: 2.0e-5, when its own float32 forward is 8e-5 from float64). So the bound is
+# NOISE_FACTOR x eps x max|logit|, and never below PROBE_TOLERANCE.
+PROBE_TOLERANCE = 1e-5
+NOISE_FACTOR = 32
+_verified: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> what its probe measured
+
+
 @dataclass
 class _Prefix:
     ids: np.ndarray  # the token ids the cached keys/values belong to
     kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer, [heads, len, dim]
 
 
+@dataclass
+class _Row:
+    """One sequence of a forward batch: `ids[:reused]` come from `prefix`'s cache, the rest is fed;
+    the log-probs of the tokens at `targets` (positions > `reused`) are returned."""
+
+    key: Hashable
+    ids: np.ndarray
+    prefix: _Prefix | None
+    reused: int
+    targets: np.ndarray
+
+
 def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     n = min(len(a), len(b))
     mismatch = np.flatnonzero(a[:n] != b[:n])
     return int(mismatch[0]) if mismatch.size else n
+
+
+def _full_cache():
+    """An empty cache whose every layer keeps all positions, sliding-window ones too (see the module
+    docstring): a `DynamicCache` built without the model's config."""
+    from transformers import DynamicCache
+
+    return DynamicCache()
 
 
 def _cache_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -70,11 +142,16 @@ class HFScorer:
         self.chunk_tokens = chunk_tokens
         self.device = next(model.parameters()).device
         self.pad_id = pad_token_id(tokenizer)
+        # The Scorer's context limit: the positions the model was built for (None: not stated).
+        self.max_length: int | None = getattr(model.config.get_text_config(), "max_position_embeddings", None)
         self.stats = ScorerStats()
         self.noise: float | None = None
         # Per trajectory key: the base sequence (the trajectory as currently held) and the last
-        # scored candidate, each with its keys/values; see `_reusable_length`.
+        # scored candidate, each with its keys/values; see `_reusable`.
         self._prefixes: dict[Hashable, list[_Prefix]] = {}
+        if model not in _verified:
+            _verified[model] = self.verify_against_forward()
+        self.stats.extra["probe"] = dict(_verified[model])
 
     @classmethod
     def from_pretrained(cls, checkpoint: str, *, device: str = "cpu", dtype: str = "float32", **options) -> HFScorer:
@@ -94,16 +171,13 @@ class HFScorer:
     @torch.inference_mode()
     def score(self, requests: Sequence[ScoreRequest]) -> list[list[float]]:
         rendered = [self.renderer.render(r.trajectory) for r in requests]
-        reusable = [self._reusable(r, x) for r, x in zip(requests, rendered, strict=True)]
-        reuse = [n for _, n in reusable]
-        feed = [x.action_spans[r.last_turn][1] - c for r, x, c in zip(requests, rendered, reuse, strict=True)]
+        spans = [x.action_spans[r.from_turn: r.last_turn + 1] for r, x in zip(requests, rendered, strict=True)]
+        rows = [self._row(r.key, x, s) for r, x, s in zip(requests, rendered, spans, strict=True)]
         results: list[list[float] | None] = [None] * len(requests)
-        order = sorted(range(len(requests)), key=lambda i: feed[i] + reuse[i])
-        for batch in self._batches(order, feed, reuse):
-            for i, scores in zip(batch, self._score_batch([requests[i] for i in batch],
-                                                          [rendered[i] for i in batch],
-                                                          [reusable[i] for i in batch]), strict=True):
-                results[i] = scores
+        for batch in self._batches(sorted(range(len(rows)), key=lambda i: len(rows[i].ids)), rows):
+            for i, logprobs in zip(batch, self._token_logprobs([rows[i] for i in batch]), strict=True):
+                per_turn = np.split(logprobs, np.cumsum([end - start for start, end in spans[i]])[:-1])
+                results[i] = [float(np.mean(lp)) for lp in per_turn]
         self.stats.requests += len(requests)
         return results  # type: ignore[return-value]
 
@@ -119,35 +193,97 @@ class HFScorer:
             self.batch_size, self.prefix_reuse, self._prefixes = saved
         return self.noise
 
+    @torch.inference_mode()
+    def verify_against_forward(self) -> dict[str, float]:
+        """Check the scorer against the model's own forward on a short probe of random ids, token by
+        token against `log_softmax(model(input_ids).logits)`: `head_logits` on the decoder's hidden
+        states (`head`, within PROBE_TOLERANCE), and the scorer on two rows of different lengths in
+        one batch, then on continuations of both that reuse their cached prefixes, prefix reuse on
+        whatever the scorer's setting (`scored`, within `tolerance`: see NOISE_FACTOR). Returns the
+        max |differences|; raises ValueError naming the architecture when one exceeds its bound.
+        Run once per model object when a scorer is built (seven forwards of at most 40 tokens)."""
+        architecture = f"model_type {getattr(self.model.config, 'model_type', '?')!r} ({type(self.model).__name__})"
+        rng = np.random.default_rng(0)
+        vocab = self.model.get_input_embeddings().weight.shape[0]
+        firsts = [rng.integers(0, vocab, n) for n in (40, 28)]
+        seconds = [np.concatenate([ids[:split], rng.integers(0, vocab, extra)])
+                   for ids, split, extra in zip(firsts, (24, 10), (13, 19), strict=True)]
+        saved = (self.prefix_reuse, self._prefixes, self.stats)
+        self.prefix_reuse, self._prefixes, self.stats = True, {}, ScorerStats()
+        measured = {"head": 0.0, "scored": 0.0}
+        max_logit = 0.0
+        try:
+            for sequences, starts in ((firsts, (1, 1)), (seconds, (24, 10))):
+                rows = [_Row(key, ids, *self._reusable(key, ids, start - 1), np.arange(start, len(ids)))
+                        for key, ids, start in zip(("probe-0", "probe-1"), sequences, starts, strict=True)]
+                for row, got in zip(rows, self._token_logprobs(rows), strict=True):
+                    ids = torch.as_tensor(row.ids, device=self.device)[None]
+                    logits = self.model(ids, use_cache=False).logits[0]
+                    own = torch.log_softmax(logits.double(), -1)
+                    if row.key == "probe-0" and row.prefix is None:
+                        hidden = self.model.get_decoder()(input_ids=ids, use_cache=False).last_hidden_state[0]
+                        ours = torch.log_softmax(head_logits(self.model, hidden).double(), -1)
+                        measured["head"] = float((ours - own).abs().max())
+                    scored = np.abs(got - own[row.targets - 1, row.ids[row.targets]].cpu().numpy())
+                    measured["scored"] = max(measured["scored"], float(np.max(scored)))
+                    max_logit = max(max_logit, float(logits.abs().max()))
+        except Exception as exc:
+            raise ValueError(f"HFScorer cannot score {architecture}: checking it against its own forward failed "
+                             f"({type(exc).__name__}: {exc}). The scorer runs the decoder alone over a cache of "
+                             f"per-position keys and values (no recurrent or linear-attention layers) and "
+                             f"race_core.scoring.hf.head_logits on its hidden states.") from exc
+        finally:
+            self.prefix_reuse, self._prefixes, self.stats = saved
+        eps = torch.finfo(next(self.model.parameters()).dtype).eps
+        measured["tolerance"] = max(PROBE_TOLERANCE, NOISE_FACTOR * eps * max_logit)
+        if not measured["head"] <= PROBE_TOLERANCE:
+            raise ValueError(
+                f"HFScorer refuses {architecture}: its forward turns the decoder's hidden states into logits "
+                f"differently from race_core.scoring.hf.head_logits (log-probs differ by up to "
+                f"{measured['head']:.3g}, tolerance {PROBE_TOLERANCE:g}), so its scores would be silently wrong; "
+                f"model types whose head transform is known: {', '.join(sorted(HEADS))}.")
+        if not measured["scored"] <= measured["tolerance"]:
+            raise ValueError(
+                f"HFScorer refuses {architecture}: with its cache, padding and position ids the scorer's token "
+                f"log-probs differ from the model's own forward by up to {measured['scored']:.3g} (tolerance "
+                f"{measured['tolerance']:.3g}) on a 2-row probe with prefix reuse, so its scores would be wrong.")
+        return measured
+
     def close(self) -> None:
         """Drop the prefix cache (the model stays with whoever loaded it)."""
         self.release()
 
     # -- internals ----------------------------------------------------------------------------
-    def _reusable(self, request: ScoreRequest, rendered: Rendered) -> tuple[_Prefix | None, int]:
-        """Pick the cached sequence sharing the longest prefix with this request; return how many
-        of its leading tokens can be reused (at most up to the token before the first action
-        scored, whose hidden state must be computed)."""
+    def _row(self, key: Hashable, rendered: Rendered, spans: list[tuple[int, int]]) -> _Row:
+        """The row that scores the action tokens of `spans`: the ids up to the last one, fed after
+        what the cache of `key` can give."""
+        ids = rendered.input_ids[: spans[-1][1]]
+        prefix, reused = self._reusable(key, ids, spans[0][0] - 1)
+        return _Row(key, ids, prefix, reused, np.concatenate([np.arange(a, b) for a, b in spans]))
+
+    def _reusable(self, key: Hashable, ids: np.ndarray, limit: int) -> tuple[_Prefix | None, int]:
+        """Pick the cached sequence sharing the longest prefix with `ids`; return how many of its
+        leading tokens can be reused (at most `limit`: the token before the first one scored, whose
+        hidden state must be computed)."""
         if not self.prefix_reuse:
             return None, 0
-        entries = self._prefixes.get(request.key, [])
+        entries = self._prefixes.get(key, [])
         best, best_common = None, 0
         for entry in entries:
-            common = _common_prefix(entry.ids, rendered.input_ids)
+            common = _common_prefix(entry.ids, ids)
             if common > best_common:
                 best, best_common = entry, common
         if best is not None and best_common < len(best.ids):
             # The request diverges from every cached sequence: the best one is the trajectory as
             # the cover holds it now, the others are outdated candidates.
-            self._prefixes[request.key] = [best]
+            self._prefixes[key] = [best]
         # else it continues `best` (a later part of the same candidate): keep the base as well.
-        limit = rendered.action_spans[request.from_turn][0] - 1
         return best, min(best_common, limit)
 
-    def _batches(self, order: list[int], feed: list[int], reuse: list[int]):
+    def _batches(self, order: list[int], rows: list[_Row]):
         batch: list[int] = []
         for i in order:
-            width = max([feed[j] + reuse[j] for j in batch] + [feed[i] + reuse[i]])
+            width = max(len(rows[j].ids) for j in [*batch, i])
             if batch and (len(batch) >= self.batch_size or width * (len(batch) + 1) > self.max_batch_tokens):
                 yield batch
                 batch = []
@@ -155,21 +291,20 @@ class HFScorer:
         if batch:
             yield batch
 
-    def _score_batch(self, requests: list[ScoreRequest], rendered: list[Rendered],
-                     reusable: list[tuple[_Prefix | None, int]]) -> list[list[float]]:
-        rows = len(requests)
-        reuse = [n for _, n in reusable]
-        ends = [x.action_spans[r.last_turn][1] for r, x in zip(requests, rendered, strict=True)]
-        past_len = max(reuse)
-        new_len = max(e - c for e, c in zip(ends, reuse, strict=True))
-        input_ids = torch.full((rows, new_len), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((rows, past_len + new_len), dtype=torch.long)
-        positions = torch.zeros((rows, new_len), dtype=torch.long)
-        for b, (x, c, e) in enumerate(zip(rendered, reuse, ends, strict=True)):
-            input_ids[b, : e - c] = torch.from_numpy(x.input_ids[c:e])
-            attention[b, past_len - c: past_len + e - c] = 1
-            positions[b] = torch.arange(c, c + new_len)
-        cache = self._batched_cache(reusable, past_len)
+    def _token_logprobs(self, rows: list[_Row]) -> list[np.ndarray]:
+        """One batched forward of the rows' new tokens over their cached prefixes: for each row,
+        the log-probs of its tokens at `targets`."""
+        past_len = max(row.reused for row in rows)
+        new_len = max(len(row.ids) - row.reused for row in rows)
+        input_ids = torch.full((len(rows), new_len), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(rows), past_len + new_len), dtype=torch.long)
+        positions = torch.zeros((len(rows), new_len), dtype=torch.long)
+        for b, row in enumerate(rows):
+            fed = len(row.ids) - row.reused
+            input_ids[b, :fed] = torch.from_numpy(row.ids[row.reused:])
+            attention[b, past_len - row.reused: past_len + fed] = 1
+            positions[b] = torch.arange(row.reused, row.reused + new_len)
+        cache = self._batched_cache(rows, past_len)
         decoder = self.model.get_decoder()
         # Nothing cached (always so without prefix reuse): only right padding, which no real token
         # attends to under the causal mask, so one call without a padding mask takes SDPA's causal
@@ -188,57 +323,44 @@ class HFScorer:
             hidden_chunks.append(out.last_hidden_state)
         hidden = hidden_chunks[0] if len(hidden_chunks) == 1 else torch.cat(hidden_chunks, dim=1)
 
-        # Gather the hidden states that predict action tokens, then one lm_head over only those.
-        rows_idx, cols_idx, targets, owners = [], [], [], []
-        for b, (r, x, c) in enumerate(zip(requests, rendered, reuse, strict=True)):
-            for j in range(r.from_turn, r.last_turn + 1):
-                start, end = x.action_spans[j]
-                rows_idx.extend([b] * (end - start))
-                cols_idx.extend(range(start - 1 - c, end - 1 - c))
-                targets.extend(x.input_ids[start:end].tolist())
-                owners.extend([(b, j)] * (end - start))
-        states = hidden[torch.tensor(rows_idx), torch.tensor(cols_idx)]
-        logits = self.model.get_output_embeddings()(states).float()
-        token_logprobs = torch.log_softmax(logits, dim=-1).gather(
-            1, torch.tensor(targets, device=logits.device)[:, None])[:, 0].double().cpu().numpy()
-        sums: dict[tuple[int, int], list[float]] = {}
-        for owner, lp in zip(owners, token_logprobs, strict=True):
-            sums.setdefault(owner, []).append(lp)
-        scores = [[float(np.mean(sums[(b, j)])) for j in range(r.from_turn, r.last_turn + 1)]
-                  for b, r in enumerate(requests)]
+        # Gather the hidden states that predict target tokens, then one head over only those.
+        rows_idx = np.concatenate([np.full(len(row.targets), b) for b, row in enumerate(rows)])
+        cols_idx = np.concatenate([row.targets - 1 - row.reused for row in rows])
+        targets = torch.from_numpy(np.concatenate([row.ids[row.targets] for row in rows])).to(self.device)
+        logits = head_logits(self.model, hidden[torch.from_numpy(rows_idx), torch.from_numpy(cols_idx)]).float()
+        token_logprobs = torch.log_softmax(logits, dim=-1).gather(1, targets[:, None])[:, 0].double().cpu().numpy()
 
         self.stats.forward_calls += 1
-        self.stats.tokens_processed += sum(e - c for e, c in zip(ends, reuse, strict=True))
-        self.stats.tokens_reused += sum(reuse)
+        self.stats.tokens_processed += sum(len(row.ids) - row.reused for row in rows)
+        self.stats.tokens_reused += sum(row.reused for row in rows)
         if self.prefix_reuse:
-            self._keep_prefixes(requests, rendered, reuse, past_len, cache)
-        return scores
+            self._keep_prefixes(rows, past_len, past_len + new_len, cache)
+        return np.split(token_logprobs, np.cumsum([len(row.targets) for row in rows])[:-1])
 
-    def _batched_cache(self, reusable: list[tuple[_Prefix | None, int]], past_len: int):
+    def _batched_cache(self, rows: list[_Row], past_len: int):
         """Left-pad each row's reused keys/values to `past_len` and stack them into one cache."""
-        from transformers import DynamicCache
-
         if past_len == 0:
-            return DynamicCache() if self.prefix_reuse else None
-        template = next(entry for entry, n in reusable if n)
-        cache = DynamicCache()
-        for layer, (k0, _) in enumerate(template.kv):
-            empty = k0.new_zeros((k0.shape[0], 0, k0.shape[2]))
+            return _full_cache() if self.prefix_reuse else None
+        template = next(row.prefix for row in rows if row.reused)
+        cache = _full_cache()
+        for layer, (k0, v0) in enumerate(template.kv):
             keys, values = [], []
-            for entry, n in reusable:
-                k, v = entry.kv[layer] if n else (empty, empty)
-                keys.append(torch.nn.functional.pad(k[:, :n], (0, 0, past_len - n, 0)))
-                values.append(torch.nn.functional.pad(v[:, :n], (0, 0, past_len - n, 0)))
+            for row in rows:  # keys and values differ in size under latent attention (DeepSeek, MiniCPM3)
+                k, v = row.prefix.kv[layer] if row.reused else (k0[:, :0], v0[:, :0])
+                keys.append(torch.nn.functional.pad(k[:, : row.reused], (0, 0, past_len - row.reused, 0)))
+                values.append(torch.nn.functional.pad(v[:, : row.reused], (0, 0, past_len - row.reused, 0)))
             cache.update(torch.stack(keys), torch.stack(values), layer)
         return cache
 
-    def _keep_prefixes(self, requests, rendered, reuse, past_len, cache) -> None:
+    def _keep_prefixes(self, rows: list[_Row], past_len: int, width: int, cache) -> None:
         """Store each row's whole fed sequence (its reused prefix and the new tokens)."""
         layers = _cache_layers(cache)
-        for b, (r, x, c) in enumerate(zip(requests, rendered, reuse, strict=True)):
-            end = x.action_spans[r.last_turn][1]
-            kv = [(k[b, :, past_len - c: past_len + end - c].clone(), v[b, :, past_len - c: past_len + end - c].clone())
-                  for k, v in layers]
-            ids = x.input_ids[:end].copy()
-            kept = [e for e in self._prefixes.get(r.key, []) if _common_prefix(e.ids, ids) < len(e.ids)]
-            self._prefixes[r.key] = [*kept[-(MAX_SEQUENCES_PER_KEY - 1):], _Prefix(ids=ids, kv=kv)]
+        kept_lengths = {k.shape[-2] for k, _ in layers}
+        if kept_lengths != {width}:
+            raise RuntimeError(f"the model's cache kept {sorted(kept_lengths)} positions per layer, not all "
+                               f"{width} fed: a truncating (sliding-window) cache cannot be reused")
+        for b, row in enumerate(rows):
+            start, end = past_len - row.reused, past_len + len(row.ids) - row.reused
+            kv = [(k[b, :, start:end].clone(), v[b, :, start:end].clone()) for k, v in layers]
+            kept = [e for e in self._prefixes.get(row.key, []) if _common_prefix(e.ids, row.ids) < len(e.ids)]
+            self._prefixes[row.key] = [*kept[-(MAX_SEQUENCES_PER_KEY - 1):], _Prefix(ids=row.ids.copy(), kv=kv)]
