@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from race_core.config import PipelineConfig
+from tasks.summary import summarize
 
 # stage -> the stages whose output it reads (sample also reads the previous rl iteration's policy)
 NEEDS: dict[str, tuple[str, ...]] = {
@@ -58,34 +59,5 @@ class PipelineRun:
         return manifest
 
     def summary(self, run_info: dict[str, Any] | None = None) -> dict[str, Any]:
-        """The run's summary (summary.json): per stage cached / wall time, the cover's counts, the
-        objects, the RL metrics and the evaluation by policy."""
-        m = self.manifests
-        summary: dict[str, Any] = {
-            "stages": {name: {"cached": bool(x["cached"]), "wall_s": x["wall_s"]}
-                       for name, x in m.items() if "cached" in x},
-            "objects": {},
-        }
-        if run_info:
-            summary["run"] = run_info
-        if "ingest" in m:
-            metrics = m["ingest"]["metrics"]
-            summary["trajectories"] = {"ingested": metrics["ingested"], "rejected": metrics["rejected"]}
-            summary["objects"]["rejects"] = m["ingest"]["objects"]["rejects"]
-        if "cover" in m:
-            summary["objects"]["decisions"] = m["cover"]["objects"]["decisions"]
-        if "compress" in m:
-            summary["cover"] = {k: m["compress"]["metrics"][k] for k in
-                                ("candidates", "removed", "reasoning_tokens_before", "reasoning_tokens_after")}
-            summary["objects"]["compressed"] = m["compress"]["objects"]["compressed"]
-        if "sft" in m:
-            summary["objects"]["sft_checkpoint"] = m["sft"]["objects"]["checkpoint"]
-        rl = [x for name, x in m.items() if name.startswith("rl_")]
-        if rl:
-            summary["rl"] = [x["metrics"] for x in rl]
-            summary["objects"]["rl_checkpoint"] = rl[-1]["objects"]["checkpoint"]
-        evals = {name.removeprefix("evaluate_"): x["metrics"] for name, x in m.items()
-                 if name.startswith("evaluate_")}
-        if evals:
-            summary["eval"] = evals
-        return summary
+        """The run's summary (summary.json), from the manifests (`tasks.summary`)."""
+        return summarize(self.manifests, run_info)

@@ -59,6 +59,7 @@ class CoverConfig:
     epsilon: float = DEFAULT_EPSILON  # largest allowed drop of any later action's mean log-likelihood
     backend: str = "hf"  # scoring backend: hf (transformers) or vllm
     early_reject: bool = False  # score later actions only when the next one passes (same decisions, less work)
+    max_tokens: int = 0  # longest rendered trajectory scored, in tokens (0: the model's context); longer: too_long
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ class _PlainAdapter:
     nothing itself (`renderer` is None) and holds nothing (`release`, `close` do nothing)."""
 
     name = "plain"
+    max_length = None
     renderer = None
 
     def __init__(self, fn: PlainScorer):

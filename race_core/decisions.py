@@ -14,11 +14,13 @@ from race_core.schema import Trajectory
 
 @dataclass(frozen=True)
 class CoverContext:
-    """What identifies a cover run: the model, ε and the backend that scored."""
+    """What identifies a cover run: the model, ε, the backend that scored and how it rendered
+    (`Renderer.render_mode`: tokenization and what the chat template does with reasoning)."""
 
     model_digest: str
     epsilon: float
     backend: str
+    render_mode: str = ""
 
 
 def reasoning_tokens(renderer: Renderer, trajectory: Trajectory) -> int:
@@ -42,4 +44,5 @@ def decision_rows(results: Iterable[CoverResult], renderer: Renderer, ctx: Cover
                 "epsilon": ctx.epsilon,
                 "model_digest": ctx.model_digest,
                 "backend": ctx.backend,
+                "render_mode": ctx.render_mode,
             }

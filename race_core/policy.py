@@ -25,6 +25,18 @@ def checkpoint_digest(folder: str | Path) -> str:
     return h.hexdigest()
 
 
+CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
+
+
+def model_context(config) -> int | None:
+    """The longest sequence a model was built for, from its transformers config (None if unknown)."""
+    for name in CONTEXT_FIELDS:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
 def pad_token_id(tokenizer, fallback: int = 0) -> int:
     """The id used to pad batches: the tokenizer's pad token, else `fallback`. Padding is always
     masked out, so any id works; one place decides which."""

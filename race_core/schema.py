@@ -207,9 +207,11 @@ class Reject:
     code: str
     field: str
     message: str
+    trajectory_id: str | None = None  # set where the line was valid but its trajectory is refused later
 
     def to_dict(self) -> dict[str, Any]:
-        return {"file": self.file, "line": self.line, "code": self.code, "field": self.field, "message": self.message}
+        return {"file": self.file, "line": self.line, "code": self.code, "field": self.field, "message": self.message,
+                "trajectory_id": self.trajectory_id}
 
 
 def iter_jsonl(

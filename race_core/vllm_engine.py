@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -28,8 +29,14 @@ class VLLMNotInstalled(ImportError):
     """Raised when the vllm backend is chosen but vLLM cannot be imported."""
 
 
+CPU_KV_CACHE_GIB = 2
+
+
 def require_vllm():
-    """Import and return the `vllm` module, or raise `VLLMNotInstalled` naming the extra."""
+    """Import and return the `vllm` module, or raise `VLLMNotInstalled` naming the extra. vLLM's own
+    log lines go to stderr (its default is stdout, which would mix them into a command's JSON
+    output) unless the user set VLLM_LOGGING_STREAM."""
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     try:
         import vllm
     except ImportError as error:
@@ -53,16 +60,22 @@ def build_engine(checkpoint: str | Path, *, dtype: str = "float32", device: str 
     install time, so asking for "cpu" under a CUDA build (or the reverse) is an error rather than a
     silent move. Other keyword options go to `vllm.LLM` unchanged (e.g. `enforce_eager=True`,
     `gpu_memory_utilization=0.4`, `max_model_len=4096`, `max_num_seqs=64`).
+
+    On the CPU build the KV cache gets `CPU_KV_CACHE_GIB` GiB unless VLLM_CPU_KVCACHE_SPACE or
+    `gpu_memory_utilization` says otherwise: vLLM's own default reserves 92% of the machine's memory
+    and refuses to start when other processes hold more than 8% of it.
     """
     vllm = require_vllm()
     path = check_checkpoint_dir(checkpoint)
     dtype = canonical_dtype(dtype)
+    platform = vllm_device_type()
     if device is not None:
         wanted = device.split(":")[0]
-        platform = vllm_device_type()
         if wanted != platform:
             raise ValueError(f"device {device!r} asked for, but this vLLM build runs on {platform!r}; "
                              "install the vLLM build for that device")
+    if platform == "cpu" and "gpu_memory_utilization" not in engine_options:
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KV_CACHE_GIB))
     return vllm.LLM(
         model=str(path), tokenizer=str(path), dtype=dtype, seed=seed,
         enable_prefix_caching=enable_prefix_caching, trust_remote_code=False, **engine_options,

@@ -66,6 +66,7 @@ REJECTS_SCHEMA = _schema(
         pa.field("code", pa.string()),
         pa.field("field", pa.string()),
         pa.field("message", pa.string()),
+        pa.field("trajectory_id", pa.string()),  # a trajectory refused after ingest (too_long)
     ],
 )
 
@@ -83,6 +84,7 @@ DECISIONS_SCHEMA = _schema(
         pa.field("epsilon", pa.float64()),
         pa.field("model_digest", pa.string()),
         pa.field("backend", pa.string()),
+        pa.field("render_mode", pa.string()),  # e.g. canonical/keeps-reasoning (race_core.render)
     ],
 )
 
@@ -324,6 +326,15 @@ def read_dataset_from_store(
         path = store.get_file(digest, Path(tmpdir) / f"{kind}.parquet")
         table = read_dataset(kind, path, as_arrow=True, columns=columns)
     return table if as_arrow else table.to_pandas()
+
+
+def write_from_store(store: ArtifactStore, kind: str, digests: Sequence[str], dest: str | Path) -> int:
+    """Stream the rows of several `kind` dataset objects, in order, into one Parquet file at `dest`;
+    returns the row count."""
+    with DatasetWriter(kind, dest) as writer:
+        for digest in digests:
+            writer.write_many(iter_rows_from_store(store, digest, kind))
+    return writer.rows
 
 
 def iter_rows_from_store(

@@ -13,7 +13,9 @@ from race_core.config import PipelineConfig
 from race_core.policy import checkpoint_digest
 from race_core.tiny import TINY, ensure_checkpoint
 from storage import ArtifactStore
+from storage.parquet import write_from_store
 from tasks import stages
+from tasks.summary import summarize
 
 DEMO_DATASET_SIZE = 24
 DEMO_DATASET_SEED = 7
@@ -39,31 +41,32 @@ def run_cover(config: PipelineConfig, out_dir: Path, home: Path, log: Callable[[
     inputs = list(config.inputs) or demo_inputs(home)
     checkpoint = config.checkpoint or str(ensure_checkpoint(home / "checkpoints", TINY))
     store = ArtifactStore(config.store)
-    timings: dict[str, Any] = {}
+    manifests: dict[str, dict[str, Any]] = {}
 
     def timed(name: str, manifest: dict[str, Any]) -> dict[str, Any]:
-        timings[name] = {"cached": manifest["cached"], "wall_s": manifest["wall_s"]}
+        manifests[name] = manifest
         log(f"{name}: {'cached' if manifest['cached'] else 'done'} in {manifest['wall_s']:.1f}s")
         return manifest
 
     ingested = timed("ingest", stages.ingest(store, inputs, config.ingest, log=log))
-    metrics = stages.validate(ingested, config.ingest)
+    stages.validate(ingested, config.ingest)
     model_digest = checkpoint_digest(checkpoint)
     trajectories = ingested["objects"]["trajectories"]
     decided = timed("cover", stages.cover(store, trajectories, checkpoint, model_digest, config.cover,
                                           config.resources, log=log))
     compressed = timed("compress", stages.compress(store, trajectories, decided["objects"]["decisions"], checkpoint,
-                                                   model_digest, config.cover.epsilon, log=log))
+                                                   model_digest, config.cover.epsilon, log=log,
+                                                   refused_digest=decided["objects"]["rejects"]))
     out_dir.mkdir(parents=True, exist_ok=True)
-    for name, digest in [("rejects", ingested["objects"]["rejects"]),
-                         ("decisions", decided["objects"]["decisions"]),
+    for name, digest in [("decisions", decided["objects"]["decisions"]),
                          ("compressed", compressed["objects"]["compressed"])]:
         store.get_file(digest, out_dir / f"{name}.parquet")
+    # every refused line or trajectory in one file: ingest's rejects, then the cover's too_long
+    write_from_store(store, "rejects", [ingested["objects"]["rejects"], decided["objects"]["rejects"]],
+                     out_dir / "rejects.parquet")
     _print_removals(out_dir, log)
-    return {"stages": timings, "trajectories": {"ingested": metrics["ingested"], "rejected": metrics["rejected"]},
-            "cover": {k: compressed["metrics"][k] for k in ("candidates", "removed", "reasoning_tokens_before",
-                                                             "reasoning_tokens_after")},
-            "model_digest": model_digest, "epsilon": config.cover.epsilon, "out": str(out_dir)}
+    return {**summarize(manifests), "model_digest": model_digest, "epsilon": config.cover.epsilon,
+            "out": str(out_dir)}
 
 
 def _print_removals(out_dir: Path, log: Callable[[str], None], limit: int = 20) -> None:

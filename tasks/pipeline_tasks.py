@@ -112,7 +112,8 @@ def compress_task(store_url: str, trajectories: dict[str, Any], decided: dict[st
     """Apply the cover's accepted removals -> compressed trajectories."""
     manifest = stages.compress(ArtifactStore(store_url), trajectories["objects"]["trajectories"],
                                decided["objects"]["decisions"], policy.path, policy.digest, epsilon,
-                               log=_logger_fn(), only_cached=only_cached)
+                               log=_logger_fn(), only_cached=only_cached,
+                               refused_digest=decided["objects"].get("rejects"))
     publish_summary("compress", manifest)
     return manifest
 

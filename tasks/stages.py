@@ -207,7 +207,9 @@ def cover(store: ArtifactStore, trajectories_digest: str, checkpoint: str, model
           log: Log = _quiet, scorer_factory: Callable[[], Any] | None = None,
           on_progress: Callable[[float], None] | None = None, trajectory_count: int | None = None,
           only_cached: bool = False) -> dict[str, Any]:
-    """Run the LoGiC cover (Algorithm 1) over the trajectories, shard by shard -> `decisions` Parquet.
+    """Run the LoGiC cover (Algorithm 1) over the trajectories, shard by shard -> `decisions`
+    Parquet, and `rejects` for the trajectories whose rendering is longer than the model's context
+    (or `config.max_tokens`): those are not scored (code `too_long`, with the token count).
 
     `on_progress(fraction)` is called after every round when `trajectory_count` is known."""
 
@@ -219,12 +221,17 @@ def cover(store: ArtifactStore, trajectories_digest: str, checkpoint: str, model
         scorer = (scorer_factory() if scorer_factory else
                   make_scorer(config.backend, checkpoint, device=resources.device, dtype=resources.dtype,
                               batch_size=resources.batch_size))
-        ctx = CoverContext(model_digest=model_digest, epsilon=config.epsilon, backend=config.backend)
+        limit = min((n for n in (config.max_tokens, scorer.max_length) if n), default=None)
+        ctx = CoverContext(model_digest=model_digest, epsilon=config.epsilon, backend=config.backend,
+                           render_mode=scorer.renderer.render_mode if scorer.renderer else "plain")
         done = 0
         noise: float | None = None
         try:
-            with _TempDataset(store, "decisions") as out:
+            with _TempDataset(store, "decisions") as out, _TempDataset(store, "rejects") as refused:
                 for shard in _shards(iter_trajectories(store, trajectories_digest), resources.shard_size):
+                    shard = _within(shard, scorer.renderer, limit, config.max_tokens, refused.writer, log)
+                    if not shard:
+                        continue
                     if noise is None:
                         noise = scorer.measure_noise([ScoreRequest(("noise", i), t)
                                                       for i, t in enumerate(shard[:4])])
@@ -242,12 +249,31 @@ def cover(store: ArtifactStore, trajectories_digest: str, checkpoint: str, model
                     log(f"cover: {done} trajectories scored")
         finally:
             scorer.close()
-        return {"objects": {"decisions": out.digest},
-                "metrics": {"trajectories": done, "decision_rows": out.rows, "scorer_noise": noise,
-                            "tokens_processed": scorer.stats.tokens_processed}}
+        return {"objects": {"decisions": out.digest, "rejects": refused.digest},
+                "metrics": {"trajectories": done, "too_long": refused.rows, "decision_rows": out.rows,
+                            "scorer_noise": noise, "tokens_processed": scorer.stats.tokens_processed,
+                            "context_tokens": limit, "render_mode": ctx.render_mode}}
 
     return run_stage(store, "cover", 1, cover_key_config(config, resources), {"trajectories": trajectories_digest},
                      model_digest, compute, only_cached)
+
+
+def _within(shard: list[Trajectory], renderer, limit: int | None, max_tokens: int, refused: DatasetWriter,
+            log: Log) -> list[Trajectory]:
+    """The trajectories of `shard` that fit in `limit` tokens; the others become `too_long` rejects."""
+    if limit is None or renderer is None:
+        return shard
+    kept = []
+    for trajectory in shard:
+        length = len(renderer.render(trajectory))
+        if length <= limit:
+            kept.append(trajectory)
+            continue
+        bound = "--max-tokens" if max_tokens and limit == max_tokens else "the model's context"
+        refused.write(Reject(file="", line=0, code="too_long", field="turns", trajectory_id=trajectory.id,
+                             message=f"renders to {length} tokens, over {bound} of {limit}: not scored"))
+        log(f"cover: trajectory {trajectory.id[:12]} renders to {length} tokens (limit {limit}): rejected as too_long")
+    return kept
 
 
 def _shards(items: Iterable[Trajectory], size: int) -> Iterator[list[Trajectory]]:
@@ -262,8 +288,10 @@ def _shards(items: Iterable[Trajectory], size: int) -> Iterator[list[Trajectory]
 
 
 def compress(store: ArtifactStore, trajectories_digest: str, decisions_digest: str, checkpoint: str,
-             model_digest: str, epsilon: float, log: Log = _quiet, only_cached: bool = False) -> dict[str, Any]:
-    """Apply the accepted removals -> `compressed` Parquet (one row per trajectory)."""
+             model_digest: str, epsilon: float, log: Log = _quiet, only_cached: bool = False,
+             refused_digest: str | None = None) -> dict[str, Any]:
+    """Apply the accepted removals -> `compressed` Parquet (one row per trajectory the cover scored;
+    the trajectories of `refused_digest`, the cover's rejects, are left out)."""
 
     def compute() -> dict[str, Any]:
         from race_core.decisions import reasoning_tokens
@@ -271,6 +299,8 @@ def compress(store: ArtifactStore, trajectories_digest: str, decisions_digest: s
         from race_core.render import Renderer
 
         renderer = Renderer(load_tokenizer(checkpoint))
+        refused = {row["trajectory_id"] for row in iter_rows_from_store(store, refused_digest, "rejects")
+                   } if refused_digest else set()
         accepted: dict[str, list[int]] = {}
         candidates = 0
         for row in iter_rows_from_store(store, decisions_digest, "decisions"):
@@ -280,6 +310,8 @@ def compress(store: ArtifactStore, trajectories_digest: str, decisions_digest: s
         before = after = removed = 0
         with _TempDataset(store, "compressed") as out:
             for original in iter_trajectories(store, trajectories_digest):
+                if original.id in refused:
+                    continue
                 skipped = sorted(accepted.get(original.id, []))
                 compressed = original
                 for t in skipped:
@@ -296,9 +328,10 @@ def compress(store: ArtifactStore, trajectories_digest: str, decisions_digest: s
                 "metrics": {"trajectories": out.rows, "candidates": candidates, "removed": removed,
                             "reasoning_tokens_before": before, "reasoning_tokens_after": after}}
 
-    return run_stage(store, "compress", 1, {"epsilon": epsilon},
-                     {"trajectories": trajectories_digest, "decisions": decisions_digest}, model_digest, compute,
-                     only_cached)
+    inputs = {"trajectories": trajectories_digest, "decisions": decisions_digest}
+    if refused_digest:
+        inputs["refused"] = refused_digest
+    return run_stage(store, "compress", 1, {"epsilon": epsilon}, inputs, model_digest, compute, only_cached)
 
 
 # -- nightly: only what the catalog has not seen -----------------------------------------------

@@ -65,6 +65,7 @@ def _rows(kind: str) -> list[dict]:
             Reject("in.jsonl", 1, "not_json", "<line>", UNICODE).to_dict(),
             Reject("", 2, "empty_field", "", "").to_dict(),
             Reject("ß.jsonl", 2**40, "field_too_large", "question", BIG).to_dict(),
+            Reject("", 0, "too_long", "turns", "renders to 9000 tokens", trajectory_id=UNICODE).to_dict(),
         ]
     return [
         _decision("t1", 0, accepted=True, drops=[0.0, -1e-4], max_drop=0.0),
@@ -86,6 +87,7 @@ def _decision(tid, turn, *, accepted, drops, max_drop, skipped_empty=False, back
         "epsilon": 1e-3,
         "model_digest": MODEL,
         "backend": backend,
+        "render_mode": "canonical/keeps-reasoning",
     }
 
 
@@ -117,7 +119,7 @@ def test_trajectory_objects_and_rejects_are_accepted_directly(tmp_path):
     assert [r["id"] for r in iter_rows("trajectories", path)] == [t.id for t in TRAJECTORIES]
     rejects = [Reject("a.jsonl", 3, "bad_split", "split", "must be 'train'")]
     write_dataset("rejects", rejects, tmp_path / "r.parquet")
-    assert read_dataset("rejects", tmp_path / "r.parquet").to_dict("records") == [rejects[0].to_dict()]
+    assert list(iter_rows("rejects", tmp_path / "r.parquet")) == [rejects[0].to_dict()]
 
 
 def test_empty_dataset_has_the_schema_and_no_rows(tmp_path):
@@ -158,7 +160,7 @@ def test_writer_streams_in_row_groups(tmp_path):
 
 def test_writer_accepts_a_file_like_sink():
     sink = io.BytesIO()
-    assert write_dataset("rejects", _rows("rejects"), sink) == 3
+    assert write_dataset("rejects", _rows("rejects"), sink) == len(_rows("rejects"))
     table = pq.read_table(pa.BufferReader(sink.getvalue()))
     assert table.to_pylist() == _rows("rejects")
 

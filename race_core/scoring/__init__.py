@@ -50,6 +50,7 @@ class Scorer(Protocol):
     name: str
     renderer: Renderer | None  # renders the trajectories it scores; None for a plain callable
     stats: ScorerStats
+    max_length: int | None  # the longest sequence the model scores (its context); None: no limit known
 
     def score(self, requests: Sequence[ScoreRequest]) -> list[list[float]]:
         """For each request, the action mean log-probs of turns from_turn..last_turn, in order."""

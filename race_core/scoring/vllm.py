@@ -40,6 +40,7 @@ class VLLMScorer(EngineOwner):
         super().__init__(llm, tokenizer, renderer=renderer, owns_engine=owns_engine)
         self.stats = ScorerStats()
         self.noise: float | None = None
+        self.max_length = int(llm.model_config.max_model_len)  # longer prompts fail the whole call
         if getattr(llm.llm_engine.vllm_config.cache_config, "enable_prefix_caching", False):
             message = "the scoring engine has prefix caching on: prompt logprobs may depend on request order"
             self.stats.extra["warning"] = message
