@@ -1,4 +1,5 @@
 """`race bench scoring`: cover scoring, naive vs full-forward vs ours (hf, vllm) vs the work bound.
+`race bench rendering`: the tokenizer's own ids vs segment-wise ids on a real checkpoint.
 
 `add_bench_parser(subparsers)` adds it to the `race` command; `main` is `scripts/bench_scoring.py`.
 """
@@ -27,6 +28,11 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     p = bench_sub.add_parser("scoring", help="cover scoring: naive, full-forward, hf, vllm vs the work bound")
     add_bench_arguments(p)
     p.set_defaults(func=cmd_bench_scoring)
+    from bench.rendering import add_arguments, cmd_bench_rendering
+
+    r = bench_sub.add_parser("rendering", help="canonical vs segment-wise token ids on a real checkpoint")
+    add_arguments(r)
+    r.set_defaults(func=cmd_bench_rendering)
     return p
 
 

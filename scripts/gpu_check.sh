@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # GPU check of the vllm backend (issue 6), on a CUDA machine with vllm and the test extra installed:
 #   1. the backend contract suite (hf and vllm) on CUDA in float32;
-#   2. the scoring-noise table in bfloat16 and float32 (max |hf - vllm|, batch-vs-alone noise, ε).
+#   2. the scoring-noise table in bfloat16 and float32 (max |hf - vllm|, batch-vs-alone noise, ε);
+#   3. the whole pipeline on a real instruct model (SmolLM2-135M-Instruct, `race model smollm2`):
+#      the cover scored by vLLM, every stage on cuda (issue 13), with its report in runs/gpu-check.
 # Usage: scripts/gpu_check.sh [extra gpu_check.py options, e.g. --checkpoint DIR --out noise.json]
 # CPU smoke run of step 2 only: python scripts/gpu_check.py --device cpu --dtypes float32 --preset tiny
 set -euo pipefail
@@ -12,3 +14,11 @@ export PREFECT_SERVER_ANALYTICS_ENABLED=false
 "$PYTHON" -c "import torch, vllm; assert torch.cuda.is_available(), 'no CUDA device'; print('torch', torch.__version__, 'vllm', vllm.__version__, torch.cuda.get_device_name(0))"
 RACE_CONTRACT_DEVICE=cuda RACE_CONTRACT_DTYPE=float32 "$PYTHON" -m pytest tests/test_backend_contract.py -q -rs
 "$PYTHON" scripts/gpu_check.py --device cuda --dtypes bfloat16 float32 "$@"
+
+CKPT=$("$PYTHON" -m flows.cli model smollm2)
+OUT=runs/gpu-check
+mkdir -p "$OUT"
+"$PYTHON" scripts/react_sample.py --n 24 --out "$OUT/react.jsonl"
+time "$PYTHON" -m flows.cli run --input "$OUT/react.jsonl" --checkpoint "$CKPT" --store "$OUT/store" \
+  --backend vllm --device cuda --dtype float32 --epsilon 0.5 --sft-steps 20 --rl-iterations 1 --eval-tasks 20 \
+  --report-dir "$OUT/report" --summary "$OUT/summary.json"
