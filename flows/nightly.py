@@ -2,6 +2,9 @@
 (model, ε, scorer), one new Parquet part appended to the catalog.
 
 ingest (one per file) -> select new -> cover -> compress -> append part
+
+An inbox glob that matches no file is "nothing new", not a failure. Rejected lines are reported as
+in the manual pipeline: their count, and each file's `rejects` object (`race validate` lists them).
 """
 
 from __future__ import annotations
@@ -20,13 +23,25 @@ from tasks.training_stages import PolicyRef
 def race_nightly(config: NightlyConfig) -> dict[str, Any]:
     """Compress what is new in `config.inbox` (a glob or fsspec URL of JSONL files)."""
     cfg, store = config.check(), config.store
-    files = expand_inputs([cfg.inbox])
+    files = expand_inputs([cfg.inbox], allow_empty=True)
+    summary: dict[str, Any] = {"files": len(files), "new": 0, "already_compressed": 0, "part": None,
+                               "rejected": 0, "rejects": {}}
+    if not files:
+        get_run_logger().info("nothing new: %s matches no file", cfg.inbox)
+        return summary
     base = PolicyRef.local(cfg.checkpoint)
-    ingested = [t.ingest_task(store, [f], cfg.ingest) for f in files]  # one per file: unchanged files are cached
-    selected = t.select_new_task(store, [m["objects"]["trajectories"] for m in ingested], base.digest, cfg.cover,
-                                 cfg.resources)
-    summary: dict[str, Any] = {"files": len(files), "new": selected["metrics"]["new"],
-                               "already_compressed": selected["metrics"]["already_compressed"], "part": None}
+    ingested = {f: t.ingest_task(store, [f], cfg.ingest) for f in files}  # one per file: unchanged files are cached
+    summary["rejects"] = {f: m["objects"]["rejects"] for f, m in ingested.items() if m["metrics"]["rejected"]}
+    summary["rejected"] = sum(m["metrics"]["rejected"] for m in ingested.values())
+    if summary["rejected"]:
+        get_run_logger().warning("%d input line(s) rejected in %d file(s); each file's rejects object is in the "
+                                 "summary", summary["rejected"], len(summary["rejects"]))
+        if cfg.ingest.strict:
+            raise ValueError(f"{summary['rejected']} input line(s) rejected and strict is set; rejects objects: "
+                             f"{summary['rejects']}")
+    selected = t.select_new_task(store, [m["objects"]["trajectories"] for m in ingested.values()], base.digest,
+                                 cfg.cover, cfg.resources)
+    summary.update(new=selected["metrics"]["new"], already_compressed=selected["metrics"]["already_compressed"])
     if selected["metrics"]["new"] == 0:
         get_run_logger().info("nothing new: all %d trajectories in %s are already compressed for model %s at "
                               "epsilon %g", selected["metrics"]["seen"], cfg.inbox, base.digest[:12],

@@ -3,16 +3,20 @@
 A trajectory is a question followed by turns of (reasoning, action, observation). Only successful
 training trajectories are RACE inputs: every rule below has its own error code so a reject says
 exactly what was wrong, and `read_jsonl` keeps going past bad lines, collecting them as rejects.
+One bad line costs that line only: whatever Python raises while reading it becomes its reject, and
+the reader holds at most one line (up to `Limits.max_line_bytes`) in memory.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 # Error codes: one per rule, stable (they end up in rejects.parquet).
 NOT_JSON = "not_json"
@@ -29,8 +33,14 @@ EMPTY_ACTION = "empty_action"
 FIELD_TOO_LARGE = "field_too_large"
 BAD_ID = "bad_id"
 BAD_TEXT = "bad_text"
+NON_FINITE_NUMBER = "non_finite_number"  # NaN / Infinity: not standard JSON, refused rather than altered
+TOO_DEEP = "too_deep"
+EXTRA_TOO_LARGE = "extra_too_large"
+LINE_TOO_LONG = "line_too_long"
+UNREADABLE = "unreadable"  # anything else Python raised while reading the line (or a corrupt gzip stream)
 ERROR_CODES = (NOT_JSON, NOT_OBJECT, MISSING_FIELD, EMPTY_FIELD, WRONG_TYPE, BAD_SPLIT, NOT_SUCCESSFUL,
-               BAD_TURNS, EMPTY_TURNS, BAD_TURN, EMPTY_ACTION, FIELD_TOO_LARGE, BAD_ID, BAD_TEXT)
+               BAD_TURNS, EMPTY_TURNS, BAD_TURN, EMPTY_ACTION, FIELD_TOO_LARGE, BAD_ID, BAD_TEXT,
+               NON_FINITE_NUMBER, TOO_DEEP, EXTRA_TOO_LARGE, LINE_TOO_LONG, UNREADABLE)
 
 REQUIRED_TEXT_FIELDS = ("question", "environment", "source_revision")
 KNOWN_FIELDS = {*REQUIRED_TEXT_FIELDS, "split", "successful", "turns", "id"}
@@ -48,10 +58,13 @@ class SchemaError(ValueError):
 
 @dataclass(frozen=True)
 class Limits:
-    """Size limits on text fields, in characters. Generous defaults; 0 disables a limit."""
+    """Size limits on one input line. Generous defaults; 0 disables a limit."""
 
-    max_field_chars: int = 1_000_000
+    max_field_chars: int = 1_000_000  # a text field, in characters
     max_turns: int = 512
+    max_line_bytes: int = 16 << 20  # a whole line, in bytes (decompressed, for gzip input)
+    max_extra_bytes: int = 1 << 20  # the keys outside the contract together, as canonical JSON bytes
+    max_depth: int = 100  # JSON nesting (the record itself is depth 1)
 
 
 DEFAULT_LIMITS = Limits()
@@ -89,10 +102,9 @@ class Trajectory:
         """Validate one input record (DESIGN §2); raise `SchemaError` naming the bad field."""
         if not isinstance(d, dict):
             raise SchemaError(NOT_OBJECT, "<record>", f"expected a JSON object, got {type(d).__name__}")
-        try:
-            canonical_json(d).encode("utf-8")
-        except UnicodeEncodeError as exc:  # a lone surrogate, e.g. the escape "\ud800"
-            raise SchemaError(BAD_TEXT, "<record>", f"text is not valid Unicode: {exc.reason}") from None
+        if limits.max_depth and _nested_deeper_than(d, limits.max_depth):
+            raise SchemaError(TOO_DEEP, "<record>", f"JSON nested over the limit of {limits.max_depth} levels")
+        _check_standard_json(d)
         for name in REQUIRED_TEXT_FIELDS:
             if name not in d:
                 raise SchemaError(MISSING_FIELD, name, "is required")
@@ -123,6 +135,7 @@ class Trajectory:
         if given_id is not None and (not isinstance(given_id, str) or not given_id.strip()):
             raise SchemaError(BAD_ID, "id", "must be a non-empty string when given")
         extra = {k: v for k, v in d.items() if k not in KNOWN_FIELDS}
+        _check_extra_size(extra, limits)
         trajectory = cls(
             question=d["question"],
             environment=d["environment"],
@@ -156,6 +169,47 @@ class Trajectory:
         turns = list(self.turns)
         turns[turn] = replace(turns[turn], reasoning="")
         return replace(self, turns=tuple(turns))
+
+
+def _nested_deeper_than(value: Any, limit: int) -> bool:
+    """Whether `value` nests lists/objects more than `limit` levels (iterative: no recursion limit)."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
+
+
+def _check_standard_json(d: dict[str, Any]) -> None:
+    """The record must be writable as standard UTF-8 JSON: no lone surrogate, no NaN or Infinity."""
+    try:
+        json.dumps(d, ensure_ascii=False, allow_nan=False).encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone surrogate, e.g. the escape "\ud800"
+        raise SchemaError(BAD_TEXT, "<record>", f"text is not valid Unicode: {exc.reason}") from None
+    except ValueError:  # NaN, Infinity, or a float literal too large for a double (1e999)
+        bad = next((k for k, v in d.items() if not _is_finite_json(v)), "<record>")
+        raise SchemaError(NON_FINITE_NUMBER, bad, "NaN or Infinity is not standard JSON") from None
+
+
+def _is_finite_json(value: Any) -> bool:
+    try:
+        json.dumps(value, allow_nan=False)
+    except ValueError:
+        return False
+    return True
+
+
+def _check_extra_size(extra: dict[str, Any], limits: Limits) -> None:
+    if not (limits.max_extra_bytes and extra):
+        return
+    size = len(canonical_json(extra).encode("utf-8"))
+    if size > limits.max_extra_bytes:
+        largest = max(extra, key=lambda k: len(canonical_json(extra[k])))
+        raise SchemaError(EXTRA_TOO_LARGE, largest, f"the keys outside the contract ({len(extra)}) take {size} "
+                                                    f"bytes, over the limit of {limits.max_extra_bytes}")
 
 
 def _check_size(name: str, value: str, limits: Limits) -> None:
@@ -214,43 +268,162 @@ class Reject:
                 "trajectory_id": self.trajectory_id}
 
 
-def iter_jsonl(
-    lines: Iterable[str], source: str, limits: Limits = DEFAULT_LIMITS
-) -> Iterator[Trajectory | Reject]:
-    """Yield a Trajectory or a Reject for every non-blank line; never raises on bad data."""
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            yield Reject(source, number, NOT_JSON, "<line>", f"not valid JSON: {exc.msg} at column {exc.colno}")
-            continue
-        try:
-            yield Trajectory.from_dict(record, limits)
-        except SchemaError as exc:
-            yield Reject(source, number, exc.code, exc.field, exc.message)
-        except RecursionError:
-            yield Reject(source, number, NOT_JSON, "<line>", "nested too deeply")
+class ByteStream(Protocol):
+    """What the reader needs of a binary file: `read(size)`, returning b"" at the end."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
 
 
-def iter_jsonl_stream(binary: Iterable[bytes], source: str, limits: Limits = DEFAULT_LIMITS
+GZIP_MAGIC = b"\x1f\x8b"
+UTF8_BOM = b"\xef\xbb\xbf"
+READ_CHUNK_BYTES = 1 << 20
+# What a damaged gzip stream raises. Any other OSError comes from the storage and fails the read
+# (the task's retry may fix it): it must not become a reject cached with the file's key.
+_DAMAGED_STREAM = (EOFError, zlib.error, gzip.BadGzipFile)
+
+
+def iter_jsonl_stream(binary: ByteStream, source: str, limits: Limits = DEFAULT_LIMITS
                       ) -> Iterator[Trajectory | Reject]:
-    """Like `iter_jsonl` over the lines of a binary file; bytes that are not UTF-8 reject their line."""
-    yield from iter_jsonl(_decoded_lines(binary), source, limits)
+    """Yield a Trajectory or a Reject for every non-blank line of a JSONL byte stream; never raises
+    on bad data. gzip is recognised by its magic bytes, a leading UTF-8 BOM is dropped. The stream
+    is read in chunks: a line over `limits.max_line_bytes` is skipped to its newline, never held
+    whole. Bytes that are not UTF-8 reject their line; a damaged gzip stream rejects the line it
+    broke in and ends the file (the lines before it are kept)."""
+    for number, line in enumerate(_bounded_lines(_decompressed(binary), limits.max_line_bytes), start=1):
+        if number == 1 and isinstance(line, bytes) and line.startswith(UTF8_BOM):
+            line = line[len(UTF8_BOM):]
+        if isinstance(line, _Skipped):
+            yield _line_too_long(source, number, line.size, limits)
+        elif isinstance(line, _Damaged):
+            yield Reject(source, number, UNREADABLE, "<file>", line.message)
+        elif (item := _read_line(line, source, number, limits)) is not None:
+            yield item
 
 
-def _decoded_lines(binary: Iterable[bytes]) -> Iterator[str]:
-    for raw in binary:
-        # Undecodable bytes become lone surrogates, which from_dict rejects as BAD_TEXT (or
-        # json.loads as NOT_JSON), so the reject carries the right line number.
-        yield raw.decode("utf-8", errors="surrogateescape")
+def iter_jsonl(lines: Iterable[str], source: str, limits: Limits = DEFAULT_LIMITS
+               ) -> Iterator[Trajectory | Reject]:
+    """`iter_jsonl_stream` over lines of text already in memory."""
+    for number, line in enumerate(lines, start=1):
+        if (item := _read_line(line.encode("utf-8", errors="surrogatepass"), source, number, limits)) is not None:
+            yield item
+
+
+def _read_line(raw: bytes, source: str, number: int, limits: Limits) -> Trajectory | Reject | None:
+    """One line -> its Trajectory or its Reject (None for a blank line). Raises nothing but
+    BaseExceptions that are not errors (KeyboardInterrupt, SystemExit)."""
+    if limits.max_line_bytes and len(raw) > limits.max_line_bytes:
+        return _line_too_long(source, number, len(raw), limits)
+    # Undecodable bytes become lone surrogates, which from_dict rejects as BAD_TEXT (or json.loads
+    # as NOT_JSON), so the reject carries the right line number.
+    text = raw.decode("utf-8", errors="surrogateescape")
+    if not text.strip():
+        return None
+    try:
+        return Trajectory.from_dict(json.loads(text), limits)
+    except json.JSONDecodeError as exc:
+        return Reject(source, number, NOT_JSON, "<line>", f"not valid JSON: {exc.msg} at column {exc.colno}")
+    except SchemaError as exc:
+        return Reject(source, number, exc.code, exc.field, exc.message)
+    except Exception as exc:  # noqa: BLE001 - e.g. RecursionError, a 5000-digit integer: this line's reject
+        return Reject(source, number, UNREADABLE, "<line>", _describe(exc))
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, RecursionError):
+        return "JSON nested too deeply to read (RecursionError)"
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _line_too_long(source: str, number: int, size: int, limits: Limits) -> Reject:
+    return Reject(source, number, LINE_TOO_LONG, "<line>",
+                  f"{size} bytes exceed the line limit of {limits.max_line_bytes} bytes")
+
+
+@dataclass(frozen=True)
+class _Skipped:
+    """A line over the byte limit, skipped: only its size was kept."""
+
+    size: int
+
+
+@dataclass(frozen=True)
+class _Damaged:
+    """The stream broke (a damaged gzip file): nothing after this point can be read."""
+
+    message: str
+
+
+class _Replayed:
+    """`rest` with `head`, bytes already read from it, put back in front."""
+
+    def __init__(self, head: bytes, rest: ByteStream):
+        self._head, self._rest = head, rest
+
+    def read(self, size: int = -1, /) -> bytes:
+        if not self._head:
+            return self._rest.read(size)
+        if size < 0:
+            data, self._head = self._head + self._rest.read(), b""
+        else:
+            data, self._head = self._head[:size], self._head[size:]
+        return data
+
+
+def _decompressed(binary: ByteStream) -> ByteStream:
+    """`binary` itself, or its decompressed bytes when it starts with the gzip magic bytes."""
+    head = binary.read(len(GZIP_MAGIC))
+    while 0 < len(head) < len(GZIP_MAGIC) and (more := binary.read(len(GZIP_MAGIC) - len(head))):
+        head += more
+    stream = _Replayed(head, binary)
+    return gzip.GzipFile(fileobj=stream, mode="rb") if head == GZIP_MAGIC else stream
+
+
+def _bounded_lines(stream: ByteStream, max_bytes: int) -> Iterator[bytes | _Skipped | _Damaged]:
+    """The lines of `stream` without their newline, read in chunks. A line longer than `max_bytes`
+    (0: no limit) is counted to its newline but not kept: memory stays under max_bytes + a chunk."""
+    line = bytearray()
+    skipped = 0  # > 0 while skipping an over-long line: its size so far
+    # read1 (gzip) returns what is decompressed so far, so a damaged end loses no line before it
+    read = getattr(stream, "read1", stream.read)
+    while True:
+        try:
+            chunk = read(READ_CHUNK_BYTES)
+        except _DAMAGED_STREAM as exc:
+            if skipped or line:  # what came before the damage, judged like any line
+                yield _Skipped(skipped) if skipped else bytes(line)
+            yield _Damaged(f"the compressed stream is damaged here, the rest of the file is lost: "
+                           f"{type(exc).__name__}: {exc}")
+            return
+        if not chunk:
+            break
+        start = 0
+        while True:
+            newline = chunk.find(b"\n", start)
+            stop = len(chunk) if newline < 0 else newline
+            if skipped or (max_bytes and len(line) + stop - start > max_bytes):
+                skipped = (skipped or len(line)) + stop - start
+                line.clear()
+            elif newline >= 0 and not line:
+                yield chunk[start:stop]  # the common case: a whole line inside one chunk
+                start = newline + 1
+                continue
+            else:
+                line += chunk[start:stop]
+            if newline < 0:
+                break
+            yield _Skipped(skipped) if skipped else bytes(line)
+            line.clear()
+            skipped = 0
+            start = newline + 1
+    if skipped or line:
+        yield _Skipped(skipped) if skipped else bytes(line)
 
 
 def read_jsonl(
     paths: Iterable[str | Path], limits: Limits = DEFAULT_LIMITS
 ) -> tuple[list[Trajectory], list[Reject]]:
-    """Read JSONL files: the good trajectories (duplicates by id kept once) and every reject."""
+    """Read JSONL files (plain or gzip): the good trajectories (duplicates by id kept once) and every reject."""
     good: dict[str, Trajectory] = {}
     rejects: list[Reject] = []
     for path in paths:

@@ -45,6 +45,10 @@ CASES = [
     (good(question="x" * 101), schema.FIELD_TOO_LARGE, "question"),
     (good(id=""), schema.BAD_ID, "id"),
     (good(question="q\ud800"), schema.BAD_TEXT, "<record>"),
+    (good(score=float("nan")), schema.NON_FINITE_NUMBER, "score"),
+    (good(turns=[{"reasoning": "r", "action": "a", "observation": float("inf")}]), schema.NON_FINITE_NUMBER, "turns"),
+    (good(tree=json.loads("[" * 150 + "]" * 150)), schema.TOO_DEEP, "<record>"),
+    (good(small="s", blob="x" * (2 << 20)), schema.EXTRA_TOO_LARGE, "blob"),
 ]
 
 
@@ -59,8 +63,9 @@ def test_each_rule_is_rejected_with_its_code(record, code, field):
 
 def test_every_error_code_is_distinct_and_exercised():
     assert len(set(schema.ERROR_CODES)) == len(schema.ERROR_CODES)
-    # NOT_JSON is exercised by the mixed-file test below.
-    assert {c[1] for c in CASES} | {schema.NOT_JSON} == set(schema.ERROR_CODES)
+    # The line-level codes are exercised by the mixed-file test below and tests/test_ingest_faults.py.
+    line_codes = {schema.NOT_JSON, schema.LINE_TOO_LONG, schema.UNREADABLE}
+    assert {c[1] for c in CASES} | line_codes == set(schema.ERROR_CODES)
 
 
 def test_id_is_a_content_hash_and_extra_keys_are_kept():
