@@ -2,7 +2,10 @@
 
 - `race-pipeline/manual`: the whole pipeline; its one parameter, the `PipelineConfig`, is a nested
   form in the UI, editable before each run.
-- `race-nightly/nightly`: recompress what is new in an inbox, on a cron schedule (02:00 UTC).
+- `race-nightly/nightly`: recompress what is new in an inbox, on a cron schedule (02:00 UTC). Its
+  runs are serialized (a deployment concurrency limit of 1; a run started while one is running
+  waits in the queue): two runs at once would both score what the catalog does not hold yet and
+  append overlapping parts.
 
 `race serve` serves both to the Prefect server named by PREFECT_API_URL. Both deployments are
 instances of the configs in `race_core.config`: `build_deployments(nightly)` derives the manual
@@ -28,6 +31,7 @@ def manual_config(nightly: NightlyConfig) -> PipelineConfig:
 
 
 def build_deployments(nightly: NightlyConfig = SERVE_DEFAULTS, cron: str = NIGHTLY_CRON, timezone: str = "UTC") -> list[Any]:
+    from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
     from prefect.schedules import Cron
 
     from flows.nightly import race_nightly
@@ -45,6 +49,7 @@ def build_deployments(nightly: NightlyConfig = SERVE_DEFAULTS, cron: str = NIGHT
         schedules=[Cron(cron, timezone=timezone)],
         parameters={"config": dataclasses.asdict(nightly)},
         tags=["race", "nightly"],
+        concurrency_limit=ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.ENQUEUE),
     )
     return [manual, scheduled]
 

@@ -6,7 +6,7 @@ race run --input ... --checkpoint  the Prefect pipeline flow on your data and ch
 race demo                          the whole pipeline on embedded defaults, with a report
 race report --summary F            rebuild report.md and plots from a summary.json (+ decisions)
 race serve                         serve the deployments (manual, nightly) to a Prefect server
-race gc [--delete]                 list (or remove) store objects no manifest references
+race gc [--delete]                 list (or remove) unreferenced objects and litter older than --grace-hours
 race bench scoring [--json FILE]   scoring benchmark: naive vs full-forward vs ours vs the work bound
 race model smollm2                 build SmolLM2-135M-Instruct offline into a local checkpoint folder
 
@@ -40,14 +40,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("cover", help="run the LoGiC cover and write decisions and compressed trajectories")
-    add_config_options(p, PipelineConfig(), top=("inputs", "checkpoint", "store"), sections=COVER_SECTIONS)
+    add_config_options(p, PipelineConfig(), top=("inputs", "checkpoint", "store", "force"), sections=COVER_SECTIONS)
     p.add_argument("--out", required=True, help="folder for decisions.parquet, compressed.parquet, rejects.parquet")
     p.add_argument("--home", default=str(DEFAULT_HOME),
                    help="where the default checkpoint and dataset are cached (no --input / --checkpoint)")
     p.set_defaults(func=cmd_cover)
 
     p = sub.add_parser("run", help="run the Prefect pipeline flow (cover, then training) on your data")
-    add_config_options(p, PipelineConfig(), top=("inputs", "checkpoint", "store", "stages", "report_dir"),
+    add_config_options(p, PipelineConfig(), top=("inputs", "checkpoint", "store", "stages", "force", "report_dir"),
                        sections=SECTIONS, required=("inputs", "checkpoint"))
     p.add_argument("--seed", type=int, help="shorthand: the same seed for SFT, RL and evaluation")
     p.add_argument("--summary", help="write summary.json here")
@@ -71,9 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cron", default=NIGHTLY_CRON, help="nightly schedule (UTC)")
     p.set_defaults(func=cmd_serve)
 
-    p = sub.add_parser("gc", help="objects of the store that no manifest references")
+    p = sub.add_parser("gc", help="objects of the store that no manifest references, and abandoned litter")
     p.add_argument("--store", default=str(DEFAULT_HOME / "store"))
     p.add_argument("--delete", action="store_true", help="remove them (default: dry run, list only)")
+    p.add_argument("--grace-hours", type=float, metavar="HOURS",
+                   help="leave anything younger alone: a running stage writes its objects before its manifest "
+                        "(default: the store's DEFAULT_GRACE_HOURS, 6)")
     p.set_defaults(func=cmd_gc)
 
     from bench.cli import add_bench_parser
@@ -94,7 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (FileNotFoundError, ValueError, ImportError, LookupError) as exc:
+    except Exception as exc:
+        from storage.store import CorruptObjectError  # the store's errors (imported here: pyarrow is slow)
+
+        if not isinstance(exc, (FileNotFoundError, ValueError, ImportError, LookupError, CorruptObjectError)):
+            raise
         print(f"race {args.command}: error: {exc}", file=sys.stderr)
         return 2
 
@@ -181,13 +188,20 @@ def cmd_serve(args) -> int:
 
 
 def cmd_gc(args) -> int:
-    from storage import ArtifactStore
+    from storage.store import DEFAULT_GRACE_HOURS, ArtifactStore
 
-    unreferenced = ArtifactStore(args.store).gc(dry_run=not args.delete)
+    grace = DEFAULT_GRACE_HOURS if args.grace_hours is None else args.grace_hours
+    report = ArtifactStore(args.store).gc(dry_run=not args.delete, grace_hours=grace)
     verb = "removed" if args.delete else "would remove (dry run; --delete to remove)"
-    print(f"{verb}: {len(unreferenced)} object(s)")
-    for digest in unreferenced:
-        print(f"  {digest}")
+    found = [("unreferenced object(s)", report.objects), ("abandoned temp file(s)", report.temp_files),
+             ("quarantined corrupt object(s)", report.quarantined), ("abandoned multipart upload(s)", report.uploads)]
+    for what, items in found:
+        print(f"{verb}: {len(items)} {what} older than {grace:g} h")
+        for item in items:
+            print(f"  {item}")
+    if report.young:
+        print(f"kept: {len(report.young)} unreferenced object(s) younger than {grace:g} h "
+              "(a running stage may not have committed them yet)")
     return 0
 
 

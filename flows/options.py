@@ -18,7 +18,7 @@ from race_core.config import BACKENDS, STAGES, field_help, field_types, replace
 
 PREFIXES = {"ingest": "", "cover": "", "resources": "", "sft": "sft-", "rl": "rl-", "evaluate": "eval-"}
 FLAGS = {"inputs": "--input"}  # top-level fields whose flag is not their name
-CHOICES = {"backend": BACKENDS, "stages": STAGES}
+CHOICES = {"backend": BACKENDS, "stages": STAGES, "force": STAGES}
 DEST = "config:"  # argparse dest prefix of generated options
 
 

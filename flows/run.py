@@ -3,7 +3,8 @@ both read from the stages' manifests (so the flow body stays the pipeline diagra
 
 A stage runs when it is selected. A stage that is not selected but whose output a selected stage
 needs is looked up in the store (`only_cached`): its stored manifest is used, and a missing one
-fails the run with a message naming the stage. Other stages are skipped.
+fails the run with a message naming the stage. Other stages are skipped. A stage named in
+`config.force` is selected and recomputed even when the store holds a usable output of it.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from race_core.config import PipelineConfig
+from race_core.config import STAGES, PipelineConfig
 from tasks.summary import summarize
 
 # stage -> the stages whose output it reads (sample also reads the previous rl iteration's policy)
@@ -40,9 +41,13 @@ class PipelineRun:
     """Runs (or looks up, or skips) each stage of one pipeline run and keeps its manifest."""
 
     def __init__(self, config: PipelineConfig, earlier: dict[str, dict[str, Any]] | None = None):
+        unknown = sorted(set(config.force) - set(STAGES))
+        if unknown:
+            raise ValueError(f"parameter 'force': unknown {unknown}; known stages are {list(STAGES)}")
         self.config = config
-        self.selected = set(config.stages)
-        self.needed = needed_stages(config.stages, config.rl.iterations)
+        self.forced = set(config.force) - {"validate"}  # validate is a check: nothing stored, it always runs
+        self.selected = set(config.stages) | self.forced
+        self.needed = needed_stages(tuple(self.selected), config.rl.iterations)
         self.manifests: dict[str, dict[str, Any]] = dict(earlier or {})
 
     def stage(self, stage: str, task: Callable[..., dict[str, Any]], *args: Any, label: str | None = None,
@@ -52,7 +57,7 @@ class PipelineRun:
         if stage not in self.needed:
             return None
         if stage in self.selected:
-            manifest = task(*args, **kwargs)
+            manifest = task(*args, **({"force": True} if stage in self.forced else {}), **kwargs)
         else:  # look up only: no task run, no retries
             manifest = task.fn(*args, only_cached=True, **kwargs)
         self.manifests[label or stage] = manifest

@@ -46,10 +46,14 @@ class IngestConfig:
 
     max_field_chars: int = DEFAULT_LIMITS.max_field_chars  # longest text field accepted, in characters (0: no limit)
     max_turns: int = DEFAULT_LIMITS.max_turns  # most turns a trajectory may have (0: no limit)
+    max_line_bytes: int = DEFAULT_LIMITS.max_line_bytes  # longest line in bytes; longer: skipped unread (0: no limit)
+    max_extra_bytes: int = DEFAULT_LIMITS.max_extra_bytes  # JSON bytes of all keys outside the contract (0: no limit)
+    max_depth: int = DEFAULT_LIMITS.max_depth  # deepest JSON nesting, the record is level 1 (0: no limit)
     strict: bool = False  # stop the run if any input line is rejected
 
     def limits(self) -> Limits:
-        return Limits(max_field_chars=self.max_field_chars, max_turns=self.max_turns)
+        """The reader's `Limits`, each taken from the field of the same name."""
+        return Limits(**{f.name: getattr(self, f.name) for f in dataclasses.fields(Limits)})
 
 
 @dataclass(frozen=True)
@@ -143,6 +147,7 @@ class PipelineConfig:
     checkpoint: str = ""  # local save_pretrained folder of the policy (nothing is downloaded)
     store: str = ".race/store"  # artifact store: a folder or an fsspec URL (s3://...)
     stages: tuple[str, ...] = STAGES  # the stages to run, in pipeline order
+    force: tuple[str, ...] = ()  # stages to recompute even when the store holds a usable output of them
     report_dir: str | None = None  # write report.md, plots and summary.json here
     ingest: IngestConfig = field(default_factory=IngestConfig)
     cover: CoverConfig = field(default_factory=CoverConfig)

@@ -13,10 +13,16 @@ scores candidate t of every trajectory in one batched call. With `early_reject`,
 scores only the action right after the removed reasoning and scores the later actions only for
 candidates that passed: the decisions are the same (a candidate failing at j = t fails anyway), the
 audit of an early-rejected candidate then holds only d_t.
+
+A number that is not finite never accepts: a NaN or infinite score, of the candidate or of the
+baseline s_j it is measured against, rejects the candidate with reason `non_finite` (Python's `max`
+would skip a NaN that is not first). The batching noise of the scorer must be far below ε
+(`check_noise`), or the decisions would depend on how candidates were batched.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,11 +35,31 @@ from race_core.scoring import Scorer, ScoreRequest, ScorerStats, batch_noise
 PlainScorer = Callable[[list[Trajectory]], list[list[float]]]
 Progress = Callable[[int, int, int], None]  # (round t, candidates scored this round, rounds total)
 
+# Why a candidate was not accepted (the audit's `reason`; None when accepted).
+OVER_EPSILON = "over_epsilon"  # some d_j > ε
+NON_FINITE = "non_finite"  # a score (candidate or baseline) is NaN or infinite
+EMPTY_REASONING = "empty_reasoning"  # nothing to remove: not scored
+NOISE_SHARE = 0.1  # the scorer's batching noise must stay within this share of ε
+
+
+class ScorerNoiseError(ValueError):
+    """The scorer's measured batching noise is not far below ε: its decisions would be noise."""
+
+
+def check_noise(noise: float, epsilon: float) -> None:
+    """Raise `ScorerNoiseError` unless the measured noise is at most `NOISE_SHARE` × ε."""
+    if not noise <= NOISE_SHARE * epsilon:  # a NaN noise fails too
+        raise ScorerNoiseError(
+            f"scorer noise {noise:.2e} is not far below epsilon {epsilon:g} (limit {NOISE_SHARE:g} x epsilon = "
+            f"{NOISE_SHARE * epsilon:.2e}): decisions would depend on batching; run the model in float32 "
+            f"(--dtype float32) or use a larger epsilon (--epsilon)")
+
 
 @dataclass
 class CoverResult:
     """The compressed trajectory, the turns whose reasoning was removed, and one audit entry per
-    candidate turn: {turn, accepted, drops (d_j for j >= turn), max_drop, skipped_empty}."""
+    candidate turn: {turn, accepted, reason (None when accepted), drops (d_j for j >= turn), max_drop,
+    skipped_empty}."""
 
     trajectory: Trajectory
     skipped_turns: tuple[int, ...]
@@ -97,14 +123,14 @@ def logic_cover(
                 if t >= len(current[i].turns):
                     continue
                 if not current[i].turns[t].reasoning:
-                    audits[i].append(_audit(t, accepted=False, drops=[], skipped_empty=True))
+                    audits[i].append(_audit(t, EMPTY_REASONING, drops=[]))
                     continue
                 candidates[i] = current[i].without_reasoning(t)
             drops = _candidate_drops(scorer, candidates, scores, t, epsilon, early_reject)
             for i, (d, new_scores) in drops.items():
-                accepted = len(new_scores) == len(current[i].turns) - t and max(d) <= epsilon
-                audits[i].append(_audit(t, accepted=accepted, drops=d))
-                if accepted:
+                reason = _reject_reason(scores[i][t:], new_scores, d, epsilon)
+                audits[i].append(_audit(t, reason, drops=d))
+                if reason is None:
                     current[i] = candidates[i]
                     scores[i][t:] = new_scores
                     skipped[i].append(t)
@@ -133,10 +159,21 @@ def _candidate_drops(scorer: Scorer, candidates: dict[int, Trajectory], scores: 
     return out
 
 
+def _reject_reason(baseline: Sequence[float], candidate: Sequence[float], drops: Sequence[float],
+                   epsilon: float) -> str | None:
+    """Why the candidate is rejected, or None to accept it: every d_j (j >= t) is scored, finite and <= ε."""
+    if not all(math.isfinite(x) for x in (*baseline, *candidate)):
+        return NON_FINITE
+    if len(candidate) < len(baseline) or max(drops) > epsilon:
+        return OVER_EPSILON
+    return None
+
+
 def _drops(before: Sequence[float], after: Sequence[float]) -> list[float]:
     return [float(b) - float(a) for b, a in zip(before, after, strict=False)]
 
 
-def _audit(turn: int, *, accepted: bool, drops: list[float], skipped_empty: bool = False) -> dict[str, Any]:
-    return {"turn": turn, "accepted": accepted, "drops": drops,
-            "max_drop": max(drops) if drops else None, "skipped_empty": skipped_empty}
+def _audit(turn: int, reason: str | None, *, drops: list[float]) -> dict[str, Any]:
+    max_drop = None if not drops else math.nan if any(math.isnan(d) for d in drops) else max(drops)
+    return {"turn": turn, "accepted": reason is None, "reason": reason, "drops": drops, "max_drop": max_drop,
+            "skipped_empty": reason == EMPTY_REASONING}

@@ -36,6 +36,7 @@ def decision_rows(results: Iterable[CoverResult], renderer: Renderer, ctx: Cover
                 "trajectory_id": result.original.id,
                 "turn": t,
                 "accepted": bool(entry["accepted"]),
+                "reason": entry["reason"],  # None when accepted (race_core.cover: over_epsilon, non_finite, ...)
                 "skipped_empty": bool(entry["skipped_empty"]),
                 "drops": [float(d) for d in entry["drops"]],
                 "max_drop": entry["max_drop"],

@@ -15,13 +15,31 @@ def torch_dtype(name: str):
     return getattr(torch, canonical_dtype(name))
 
 
+# The files that define a model: its config, weights, tokenizer and chat template (what
+# `save_pretrained` writes). Anything else in the folder (a README, `.git`, a cache marker) is not
+# the model and leaves its digest alone.
+MODEL_FILES = (
+    "config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json",
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+    "vocab.json", "vocab.txt", "merges.txt", "*.model",  # BPE / WordPiece / sentencepiece vocabularies
+    "chat_template.jinja", "chat_template.json", "additional_chat_templates/*.jinja",
+)
+DIGEST_CHUNK = 1 << 20  # bytes read at a time: memory stays flat for any weights size
+
+
 def checkpoint_digest(folder: str | Path) -> str:
-    """sha256 over (relative path, file sha256) of every file: identifies a checkpoint."""
-    folder = Path(folder)
+    """sha256 over (relative path, file sha256) of the files that define the model (`MODEL_FILES`),
+    each streamed in chunks: identifies a checkpoint."""
+    folder = check_checkpoint_dir(folder)
+    files = sorted({path for pattern in MODEL_FILES for path in folder.glob(pattern) if path.is_file()})
     h = hashlib.sha256()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+    for path in files:
+        file_hash = hashlib.sha256()
+        with path.open("rb") as fh:
+            while chunk := fh.read(DIGEST_CHUNK):
+                file_hash.update(chunk)
         h.update(path.relative_to(folder).as_posix().encode() + b"\0")
-        h.update(hashlib.sha256(path.read_bytes()).digest())
+        h.update(file_hash.digest())
     return h.hexdigest()
 
 

@@ -32,10 +32,11 @@ def decision_rows(n: int, seed: int = 0) -> Iterator[dict]:
         skipped_empty = rng.random() < 0.05
         drops = [] if skipped_empty else [rng.gauss(0.0, DEFAULT_EPSILON) for _ in range(8 - turn)]
         max_drop = max(drops) if drops else None
+        accepted = max_drop is not None and max_drop <= DEFAULT_EPSILON
         yield {
             "trajectory_id": f"{i // 8:064x}",
             "turn": turn,
-            "accepted": max_drop is not None and max_drop <= DEFAULT_EPSILON,
+            "accepted": accepted,
             "skipped_empty": skipped_empty,
             "drops": drops,
             "max_drop": max_drop,
@@ -44,6 +45,8 @@ def decision_rows(n: int, seed: int = 0) -> Iterator[dict]:
             "epsilon": DEFAULT_EPSILON,
             "model_digest": model,
             "backend": "hf",
+            "render_mode": "canonical/keeps-reasoning",
+            "reason": None if accepted else ("empty_reasoning" if skipped_empty else "over_epsilon"),
         }
 
 

@@ -4,12 +4,21 @@ A scope is what makes a compression result reusable: (model digest, epsilon, sco
 Its canonical JSON hashes to a scope key. Each compressed part (a `compressed` Parquet object)
 gets one NEW, append-only entry file:
 
-    catalog/<scope_key>/<seq:08d>-<part_digest>.json
-        {"scope": {...}, "part": digest, "ids": [...], "meta": {...}, "created_at": ...,
+    catalog/<scope_key>/<seq:08d>.json
+        {"seq": n, "scope": {...}, "part": digest, "ids": [...], "meta": {...}, "created_at": ...,
          "objects": {"part": digest}}
 
-Entries are written like manifests (temp name + rename) and never rewritten; the `objects` key
-makes the part reachable for `ArtifactStore.gc`.
+An append is create-if-absent, never check-then-write: the entry file named by its sequence number
+is created only if no other writer has taken that number (`ArtifactStore.write_record(...,
+overwrite=False)`: a hard link locally, `If-None-Match: *` on S3); a writer that loses the race
+reads the catalog again and takes the next number. So two runs appending at once never share a
+number and never lose a part. Entries are never rewritten; the `objects` key makes the part
+reachable for `ArtifactStore.gc`. Stores written before this layout named entries
+`<seq:08d>-<part_digest>.json`; they are read alike.
+
+Readers tolerate overlap (two runs that scored the same trajectories before the nightly
+deployment was serialized): a part recorded twice is listed once, and an id held by two parts
+belongs to the first (`owners`).
 """
 
 from __future__ import annotations
@@ -54,21 +63,39 @@ class Catalog:
     def _dir(self, scope: Scope) -> str:
         return f"catalog/{scope.key}"
 
-    def parts(self, scope: Scope) -> list[dict[str, Any]]:
-        """The scope's entries in append order (each has `part`, `ids`, `meta`, `created_at`)."""
-        entries = []
+    def _entries(self, scope: Scope) -> tuple[list[dict[str, Any]], int]:
+        """Every entry in append order, and the highest sequence number taken."""
+        entries, last = [], 0
         for name in self.store.list_records(self._dir(scope)):
+            last = max(last, _seq_of(name))
             entry = self.store.read_record(f"{self._dir(scope)}/{name}")
             if entry is not None:
                 entries.append(entry)
-        return entries
+        return entries, last
+
+    def parts(self, scope: Scope) -> list[dict[str, Any]]:
+        """The scope's entries in append order (each has `part`, `ids`, `meta`, `created_at`); a
+        part recorded twice is listed once."""
+        seen: set[str] = set()
+        out = []
+        for entry in self._entries(scope)[0]:
+            if entry["part"] not in seen:
+                seen.add(entry["part"])
+                out.append(entry)
+        return out
+
+    def owners(self, scope: Scope) -> dict[str, str]:
+        """Trajectory id -> the part that holds it; an id in two overlapping parts belongs to the
+        first, so a reader that joins the parts keeps each id's row from its owner only."""
+        owner: dict[str, str] = {}
+        for entry in self.parts(scope):
+            for i in entry["ids"]:
+                owner.setdefault(i, entry["part"])
+        return owner
 
     def compressed_ids(self, scope: Scope) -> set[str]:
-        """Every trajectory id already compressed in this scope."""
-        done: set[str] = set()
-        for entry in self.parts(scope):
-            done.update(entry["ids"])
-        return done
+        """Every trajectory id already compressed in this scope (an id in two parts counts once)."""
+        return set(self.owners(scope))
 
     def new_ids(self, scope: Scope, ids: Iterable[str]) -> list[str]:
         """The ids not yet compressed in this scope, in the given order, each once."""
@@ -85,26 +112,38 @@ class Catalog:
     ) -> dict[str, Any]:
         """Record that `part_digest` holds the compressed `ids`; return the entry.
 
-        Writes one new entry file; old entries are never touched. Appending a part that is
-        already recorded returns its existing entry (idempotent retries).
+        Writes one new entry file, created only if its sequence number is free; old entries are
+        never touched. Appending a part that is already recorded returns its existing entry
+        (idempotent retries, and two writers of the same part record it once).
         """
         check_digest(part_digest)
         if not self.store.has_object(part_digest):
             raise MissingObjectError(part_digest)
-        existing = self.parts(scope)
-        for entry in existing:
-            if entry["part"] == part_digest:
+        ids, tried = list(ids), 0
+        while True:
+            entries, last = self._entries(scope)
+            for entry in entries:
+                if entry["part"] == part_digest:
+                    return entry
+            seq = max(last, tried) + 1
+            entry = {
+                "seq": seq,
+                "scope": scope.to_dict(),
+                "scope_key": scope.key,
+                "part": part_digest,
+                "ids": ids,
+                "meta": dict(meta or {}),
+                "created_at": datetime.now(timezone.utc).isoformat(),
+                "objects": {"part": part_digest},
+            }
+            try:
+                self.store.write_record(f"{self._dir(scope)}/{seq:08d}.json", entry, overwrite=False)
                 return entry
-        seq = 1 + max((int(e.get("seq", 0)) for e in existing), default=0)
-        entry = {
-            "seq": seq,
-            "scope": scope.to_dict(),
-            "scope_key": scope.key,
-            "part": part_digest,
-            "ids": list(ids),
-            "meta": dict(meta or {}),
-            "created_at": datetime.now(timezone.utc).isoformat(),
-            "objects": {"part": part_digest},
-        }
-        self.store.write_record(f"{self._dir(scope)}/{seq:08d}-{part_digest}.json", entry, overwrite=False)
-        return entry
+            except FileExistsError:
+                tried = seq  # another writer took this number: read again, take a later one
+
+
+def _seq_of(name: str) -> int:
+    """The sequence number an entry's file name starts with (`00000007.json`, `00000007-<part>.json`)."""
+    head = name.split(".", 1)[0].split("-", 1)[0]
+    return int(head) if head.isdigit() else 0

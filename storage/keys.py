@@ -1,7 +1,10 @@
 """The stage key (DESIGN §7): one place that says when a stage's output can be reused.
 
 key = sha256 of the canonical JSON of (stage name, stage version, config, input digests, model
-digest). Canonical JSON sorts keys, so the key is the same across processes and dict orderings.
+digest, code). `code` is what the stage's numbers depend on besides its inputs: the fingerprint of
+the source of the modules that compute them and the versions of the libraries that change them
+(`tasks.fingerprints.stage_code`). Canonical JSON sorts keys, so the key is the same across
+processes and dict orderings.
 """
 
 from __future__ import annotations
@@ -20,12 +23,13 @@ def stage_key(
     config: Mapping[str, Any] | Any,
     input_digests: Sequence[str] | Mapping[str, str],
     model_digest: str | None,
+    code: Mapping[str, Any] | None = None,
 ) -> str:
-    """sha256 hex of the canonical JSON of the five things a stage's output depends on.
+    """sha256 hex of the canonical JSON of the six things a stage's output depends on.
 
     `config` is a dict or a (frozen) dataclass; `input_digests` is an ordered list of digests or
     a dict name -> digest (its order does not matter). `version` is compared as text, so 2 and
-    "2" name the same version.
+    "2" name the same version. `code` is a JSON-able mapping (code fingerprint, library versions).
     """
     if dataclasses.is_dataclass(config) and not isinstance(config, type):
         config = dataclasses.asdict(config)
@@ -43,5 +47,6 @@ def stage_key(
         "config": dict(config),
         "inputs": inputs,
         "model": model_digest,
+        "code": dict(code) if code is not None else None,
     }
     return hashlib.sha256(canonical_json(payload).encode("utf-8")).hexdigest()

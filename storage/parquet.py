@@ -76,6 +76,7 @@ DECISIONS_SCHEMA = _schema(
         pa.field("trajectory_id", pa.string(), nullable=False),
         pa.field("turn", pa.int32(), nullable=False),
         pa.field("accepted", pa.bool_()),
+        pa.field("reason", pa.string()),  # why not accepted (over_epsilon, non_finite, empty_reasoning); null if accepted
         pa.field("skipped_empty", pa.bool_()),  # reasoning already empty: not scored
         pa.field("drops", pa.list_(pa.float64())),  # d_j for j >= turn
         pa.field("max_drop", pa.float64()),  # null when not scored

@@ -5,6 +5,7 @@ Layout under the root (a local folder or an fsspec URL such as `memory://x`, `s3
     objects/<aa>/<sha256>        immutable bytes, named by their sha256 (aa = first two hex chars)
     stages/<stage>/<key>.json    manifests: the commit point of a stage, written last
     catalog/...                  catalog entries (storage.catalog), JSON records like manifests
+    quarantine/<sha256>          objects a read found corrupt, moved aside (removed by `gc`)
 
 Manifest convention: a manifest references objects through its `objects` key, a dict
 name -> digest (a value may also be a list of digests). `gc` keeps exactly the objects reachable
@@ -19,6 +20,21 @@ a final name. Other filesystems: bytes are written with one whole-object `pipe_f
 `put_file`, multipart for large files on S3); object stores make an object visible only once its
 upload completes, so the same holds there. (A non-object remote filesystem without atomic uploads,
 e.g. SFTP, does not get this guarantee.)
+
+Create-if-absent (`write_record(..., overwrite=False)`, the catalog's appends): locally the temp
+file is hard-linked to its final name (`os.link` fails if the name exists: atomic, and the file is
+complete when it appears); on S3 a conditional PUT (`If-None-Match: *`, s3fs `mode="create"`;
+an S3-compatible server that ignores the header silently overwrites). Other fsspec filesystems get
+their `mode="create"`, for most an exists-then-write, atomic only within one process (memory://).
+A lost race is a `FileExistsError`, never an overwrite.
+
+Damage. A manifest records each object's size (`object_sizes`, trees followed). `manifest_damage`
+checks existence and size, one stat per object, before a stage reuses its output; a read verifies
+the digest, and a corrupt object is moved to `quarantine/<digest>` so that the next hit check finds
+it missing and the stage that produced it is recomputed.
+
+Garbage: `gc` (`storage.gc`) takes nothing younger than a grace period; reusing an existing
+object refreshes its age.
 """
 
 from __future__ import annotations
@@ -29,15 +45,18 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from race_core.schema import canonical_json
+
+if TYPE_CHECKING:
+    from storage.gc import GCReport
 
 CHUNK = 1 << 20
 TREE_FORMAT = "race.tree/v1"
@@ -45,15 +64,18 @@ _TREE_PREFIX = b'{"_tree":'
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 REFERENCE_ROOTS = ("stages", "catalog")
+QUARANTINE = "quarantine"
+TEMP_PREFIX = ".tmp-"
+DEFAULT_GRACE_HOURS = 6.0
 
 
 class CorruptObjectError(IOError):
-    """An object whose bytes no longer hash to its name."""
+    """An object whose bytes no longer hash to its name (it is moved to quarantine when found)."""
 
     def __init__(self, digest: str, actual: str):
         super().__init__(
-            f"object {digest} is corrupt (its bytes hash to {actual}); rerun the stage that "
-            f"produced it, or put the same content again, to repair it"
+            f"object {digest} is corrupt (its bytes hash to {actual}); it was moved to "
+            f"{QUARANTINE}/{digest}, and the next run recomputes the stage that produced it"
         )
         self.digest = digest
         self.actual = actual
@@ -63,7 +85,8 @@ class MissingObjectError(FileNotFoundError):
     """A digest that the store does not hold."""
 
     def __init__(self, digest: str):
-        super().__init__(f"object {digest} is not in the store; rerun the stage that produces it")
+        super().__init__(f"object {digest} is not in the store; the next run recomputes the stage that "
+                         f"produces it")
         self.digest = digest
 
 
@@ -132,29 +155,34 @@ class ArtifactStore:
         return self._path("stages", _check_name("stage", stage), _check_name("key", key) + ".json")
 
     # -- low-level atomic writes ---------------------------------------------------------------
-    def _write_bytes_atomic(self, path: str, data: bytes) -> None:
+    def _write_bytes_atomic(self, path: str, data: bytes, create: bool = False) -> None:
+        """Write `path` whole or not at all; with `create`, a `FileExistsError` if it exists."""
         if self.local:
             directory = os.path.dirname(path)
             os.makedirs(directory, exist_ok=True)
-            tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}-{os.path.basename(path)}")
+            tmp = os.path.join(directory, f"{TEMP_PREFIX}{uuid.uuid4().hex}-{os.path.basename(path)}")
             try:
                 with open(tmp, "wb") as fh:
                     fh.write(data)
                     fh.flush()
                     os.fsync(fh.fileno())
-                os.replace(tmp, path)
+                if create:
+                    os.link(tmp, path)  # fails if `path` exists; the file is complete when it appears
+                else:
+                    os.replace(tmp, path)
             finally:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
         else:
-            self.fs.pipe_file(path, data)  # one whole-object PUT: atomic on object stores
+            # one whole-object PUT: atomic on object stores; "create" is If-None-Match: * on S3
+            self.fs.pipe_file(path, data, **({"mode": "create"} if create else {}))
             self.fs.invalidate_cache(path)
 
     def _write_file_atomic(self, path: str, source: str | os.PathLike[str]) -> None:
         if self.local:
             directory = os.path.dirname(path)
             os.makedirs(directory, exist_ok=True)
-            tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}-{os.path.basename(path)}")
+            tmp = os.path.join(directory, f"{TEMP_PREFIX}{uuid.uuid4().hex}-{os.path.basename(path)}")
             try:
                 with open(source, "rb") as src, open(tmp, "wb") as dst:
                     shutil.copyfileobj(src, dst, CHUNK)
@@ -190,19 +218,56 @@ class ArtifactStore:
         """True if the object exists and its bytes hash to its name."""
         return self.has_object(digest) and self._hash_stored(digest) == digest
 
+    def _kept(self, digest: str) -> bool:
+        """True if a good local copy of `digest` exists; its age is then refreshed, so that `gc` does
+        not take an old unreferenced object that a running stage has just reused. Remote copies are
+        always written again (the upload refreshes the age and costs what verifying would)."""
+        if not (self.local and self.verify_object(digest)):
+            return False
+        try:
+            os.utime(self.object_path(digest))
+        except FileNotFoundError:  # a gc took it meanwhile: write it again
+            return False
+        return True
+
     def put_bytes(self, data: bytes) -> str:
         """Store `data`; return its sha256. An existing good copy is kept; a corrupt one is replaced."""
         digest = sha256_bytes(data)
-        if not self.verify_object(digest):
+        if not self._kept(digest):
             self._write_bytes_atomic(self.object_path(digest), bytes(data))
         return digest
 
     def put_file(self, path: str | os.PathLike[str]) -> str:
         """Store a local file (streamed, memory stays flat); return its sha256."""
         digest = sha256_file(path)
-        if not self.verify_object(digest):
+        if not self._kept(digest):
             self._write_file_atomic(self.object_path(digest), path)
         return digest
+
+    def _object_size(self, digest: str) -> int | None:
+        """The object's size in bytes, or None if it is missing (one stat, nothing read)."""
+        path = self.object_path(digest)
+        try:
+            if self.local:
+                return os.path.getsize(path)
+            self.fs.invalidate_cache(path)
+            return int(self.fs.size(path))
+        except FileNotFoundError:
+            return None
+
+    def _quarantine(self, digest: str, actual: str) -> CorruptObjectError:
+        """Move a corrupt object out of `objects/` (so that it reads as missing) and return the error."""
+        source, target = self.object_path(digest), self._path(QUARANTINE, digest)
+        try:
+            if self.local:
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                os.replace(source, target)
+            else:
+                self.fs.mv(source, target)
+                self.fs.invalidate_cache()
+        except FileNotFoundError:
+            pass  # another reader moved it first
+        return CorruptObjectError(digest, actual)
 
     def put_json(self, obj: Any) -> str:
         """Store the canonical JSON of `obj` as an object; return its digest."""
@@ -216,7 +281,7 @@ class ArtifactStore:
         data = self.fs.cat_file(path)
         actual = sha256_bytes(data)
         if actual != digest:
-            raise CorruptObjectError(digest, actual)
+            raise self._quarantine(digest, actual)
         return data
 
     def get_json(self, digest: str) -> Any:
@@ -230,7 +295,7 @@ class ArtifactStore:
             raise MissingObjectError(digest)
         dest = Path(dest)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(f".tmp-{uuid.uuid4().hex}-{dest.name}")
+        tmp = dest.with_name(f"{TEMP_PREFIX}{uuid.uuid4().hex}-{dest.name}")
         h = hashlib.sha256()
         try:
             with self.fs.open(path, "rb") as src, open(tmp, "wb") as dst:
@@ -240,7 +305,7 @@ class ArtifactStore:
                 dst.flush()
                 os.fsync(dst.fileno())
             if h.hexdigest() != digest:
-                raise CorruptObjectError(digest, h.hexdigest())
+                raise self._quarantine(digest, h.hexdigest())
             os.replace(tmp, dest)
         finally:
             if tmp.exists():
@@ -295,13 +360,15 @@ class ArtifactStore:
     def write_record(self, relative_path: str, record: dict[str, Any], *, overwrite: bool = True) -> str:
         """Write a JSON record atomically at `root/relative_path`; return its full path.
 
-        With `overwrite=False` an existing record is an error (catalog entries are append-only).
+        With `overwrite=False` the write is create-if-absent: if the record exists (or another
+        writer creates it first) it raises `FileExistsError` and the existing record is kept.
         """
         path = self._path(*relative_path.strip("/").split("/"))
-        if not overwrite and self._exists(path):
-            raise FileExistsError(f"record already exists: {path}")
         data = json.dumps(record, sort_keys=True, indent=1, ensure_ascii=False).encode("utf-8")
-        self._write_bytes_atomic(path, data)
+        try:
+            self._write_bytes_atomic(path, data, create=not overwrite)
+        except FileExistsError:
+            raise FileExistsError(f"record already exists: {path}") from None
         return path
 
     def read_record(self, relative_path: str) -> dict[str, Any] | None:
@@ -317,29 +384,48 @@ class ArtifactStore:
         if not self._exists(base):
             return []
         names = (p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(base, detail=False))
-        return sorted(n for n in names if n.endswith(".json") and not n.startswith(".tmp-"))
+        return sorted(n for n in names if n.endswith(".json") and not n.startswith(TEMP_PREFIX))
 
     # -- manifests ----------------------------------------------------------------------------
     def write_manifest(self, stage: str, key: str, manifest: dict[str, Any]) -> dict[str, Any]:
         """Commit a stage: write its manifest (last, atomically); return what was written.
 
-        Adds `stage`, `key`, `created_at` and `code_version` unless given. Every digest under
-        `objects` must already be in the store: a manifest never points at missing bytes.
+        Adds `stage`, `key`, `created_at` and `code_version` unless given, and `object_sizes`: the
+        size of every object it reaches (trees followed), which `manifest_damage` checks. Every
+        digest under `objects` must already be in the store: a manifest never points at missing bytes.
         """
         record = dict(manifest)
         record.setdefault("stage", stage)
         record.setdefault("key", key)
         record.setdefault("created_at", datetime.now(timezone.utc).isoformat())
         record.setdefault("code_version", code_version())
-        for digest in _referenced(record):
-            if not self.has_object(digest):
+        sizes: dict[str, int] = {}
+        for digest in sorted(self._reachable(_referenced(record))):
+            size = self._object_size(digest)
+            if size is None:
                 raise MissingObjectError(digest)
+            sizes[digest] = size
+        record["object_sizes"] = sizes
         self.write_record(f"stages/{_check_name('stage', stage)}/{_check_name('key', key)}.json", record)
         return record
 
     def read_manifest(self, stage: str, key: str) -> dict[str, Any] | None:
         """The manifest of (stage, key), or None if the stage has not committed."""
         return self.read_record(f"stages/{_check_name('stage', stage)}/{_check_name('key', key)}.json")
+
+    def manifest_damage(self, manifest: dict[str, Any]) -> str | None:
+        """Why a committed manifest's output cannot be reused: an object missing or of another size
+        than recorded (None: all there). One stat per object, no hashing: reads verify digests."""
+        sizes = manifest.get("object_sizes")
+        if not isinstance(sizes, dict):  # written before sizes were recorded: existence only
+            sizes = dict.fromkeys(_referenced(manifest))
+        for digest, size in sizes.items():
+            actual = self._object_size(digest)
+            if actual is None:
+                return f"object {digest} is missing"
+            if size is not None and actual != size:
+                return f"object {digest} holds {actual} bytes, not the {size} recorded"
+        return None
 
     def has(self, stage: str, key: str) -> bool:
         """True if (stage, key) has a manifest: the stage is done and is not run again."""
@@ -365,10 +451,13 @@ class ArtifactStore:
             if not self._exists(base):
                 continue
             for path in self.fs.find(base):
-                if path.endswith(".json") and not path.rsplit("/", 1)[-1].startswith(".tmp-"):
+                if path.endswith(".json") and not path.rsplit("/", 1)[-1].startswith(TEMP_PREFIX):
                     roots.update(_referenced(json.loads(self.fs.cat_file(path).decode("utf-8"))))
+        return self._reachable(roots)
+
+    def _reachable(self, roots: Iterable[str]) -> set[str]:
         seen: set[str] = set()
-        todo = [d for d in roots if _DIGEST.match(d)]
+        todo = list(roots)
         while todo:
             digest = todo.pop()
             if digest in seen:
@@ -384,14 +473,12 @@ class ArtifactStore:
         with self.fs.open(self.object_path(digest), "rb") as fh:
             return fh.read(len(_TREE_PREFIX)) == _TREE_PREFIX
 
-    def gc(self, dry_run: bool = True) -> list[str]:
-        """Digests of objects no record references; deleted unless `dry_run`."""
-        keep = self.referenced_objects()
-        garbage = sorted(d for d in self.iter_objects() if d not in keep)
-        if not dry_run:
-            for digest in garbage:
-                self.fs.rm_file(self.object_path(digest))
-        return garbage
+    def gc(self, dry_run: bool = True, grace_hours: float = DEFAULT_GRACE_HOURS) -> GCReport:
+        """Unreferenced objects, abandoned temp files, quarantined objects and multipart uploads
+        older than `grace_hours`; removed unless `dry_run` (`storage.gc`)."""
+        from storage.gc import collect_garbage
+
+        return collect_garbage(self, dry_run, grace_hours)
 
 
 def _referenced(record: Any) -> list[str]:

@@ -1,6 +1,10 @@
 """The cover half of the pipeline in this process, without Prefect (`race cover`): ingest ->
 validate -> cover -> compress, then the Parquet files copied to an output folder. The same stage
-functions (and so the same store and cache) as the Prefect flow."""
+functions (and so the same store and cache) as the Prefect flow.
+
+A damaged store does not stop it: a stage whose stored objects are missing or of the wrong size is
+recomputed (`tasks.stages.run_stage`), and an object found corrupt when read is quarantined and the
+stages are run once more, which recomputes the stage that produced it."""
 
 from __future__ import annotations
 
@@ -9,10 +13,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from race_core.config import PipelineConfig
+from race_core.config import COVER_STAGES, PipelineConfig
 from race_core.policy import checkpoint_digest
 from race_core.tiny import TINY, ensure_checkpoint
-from storage import ArtifactStore
+from storage import ArtifactStore, CorruptObjectError, MissingObjectError
 from storage.parquet import write_from_store
 from tasks import stages
 from tasks.summary import summarize
@@ -37,26 +41,41 @@ def demo_inputs(home: Path, n: int = DEMO_DATASET_SIZE, seed: int = DEMO_DATASET
 def run_cover(config: PipelineConfig, out_dir: Path, home: Path, log: Callable[[str], None] = print
               ) -> dict[str, Any]:
     """The cover stages of `config` (no inputs: a generated calculator dataset; no checkpoint: the
-    built-in tiny one); returns the summary."""
+    built-in tiny one; `config.force`: stages recomputed even when stored); returns the summary."""
+    unknown = sorted(set(config.force) - set(COVER_STAGES))
+    if unknown:
+        raise ValueError(f"parameter 'force': {unknown} are not stages of race cover; its stages are "
+                         f"{list(COVER_STAGES)}")
     inputs = list(config.inputs) or demo_inputs(home)
     checkpoint = config.checkpoint or str(ensure_checkpoint(home / "checkpoints", TINY))
     store = ArtifactStore(config.store)
+    try:
+        return _cover_stages(config, inputs, checkpoint, store, out_dir, log)
+    except (CorruptObjectError, MissingObjectError) as exc:
+        log(f"{exc}; running the stages again now")
+        return _cover_stages(config, inputs, checkpoint, store, out_dir, log)
+
+
+def _cover_stages(config: PipelineConfig, inputs: list[str], checkpoint: str, store: ArtifactStore, out_dir: Path,
+                  log: Callable[[str], None]) -> dict[str, Any]:
     manifests: dict[str, dict[str, Any]] = {}
+    forced = set(config.force)
 
     def timed(name: str, manifest: dict[str, Any]) -> dict[str, Any]:
         manifests[name] = manifest
         log(f"{name}: {'cached' if manifest['cached'] else 'done'} in {manifest['wall_s']:.1f}s")
         return manifest
 
-    ingested = timed("ingest", stages.ingest(store, inputs, config.ingest, log=log))
+    ingested = timed("ingest", stages.ingest(store, inputs, config.ingest, log=log, force="ingest" in forced))
     stages.validate(ingested, config.ingest)
     model_digest = checkpoint_digest(checkpoint)
     trajectories = ingested["objects"]["trajectories"]
     decided = timed("cover", stages.cover(store, trajectories, checkpoint, model_digest, config.cover,
-                                          config.resources, log=log))
+                                          config.resources, log=log, force="cover" in forced))
     compressed = timed("compress", stages.compress(store, trajectories, decided["objects"]["decisions"], checkpoint,
                                                    model_digest, config.cover.epsilon, log=log,
-                                                   refused_digest=decided["objects"]["rejects"]))
+                                                   refused_digest=decided["objects"]["rejects"],
+                                                   force="compress" in forced))
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, digest in [("decisions", decided["objects"]["decisions"]),
                          ("compressed", compressed["objects"]["compressed"])]:

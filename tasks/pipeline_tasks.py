@@ -3,7 +3,8 @@
 Each task has its own retries and delay; GPU stages carry the tag `gpu` (concurrency limits by
 tag). Tasks take the typed configs of `race_core.config` and return their stage manifest, a small
 JSON dict of digests and metrics; `only_cached=True` (a stage left out of the run) returns the
-stored manifest or fails naming the stage. Whether a
+stored manifest or fails naming the stage; `force=True` recomputes even a usable stored output
+(`race run --force STAGE`). Whether a
 stage runs at all is decided by its storage stage key: a manifest under that key is the cached
 result (Prefect's own result cache is off, so there is one source of truth, which survives a killed
 process and is shared with `race cover`). Each task publishes a markdown summary artifact.
@@ -32,6 +33,16 @@ from tasks.training_stages import PolicyRef
 
 RETRIES = int(os.environ.get("RACE_TASK_RETRIES", "2"))
 RETRY_DELAY_S = float(os.environ.get("RACE_RETRY_DELAY_S", "5"))
+
+
+def worth_retrying(task, task_run, state) -> bool:
+    """Retry what may pass a second time (a lost connection, a freed disk, an object store that
+    answers again), not what fails the same way every time: a bad parameter or input, a scorer too
+    noisy for ε, a stage that was not run (ValueError, LookupError)."""
+    return not isinstance(state.data, ValueError | LookupError)
+
+
+RETRY = {"retries": RETRIES, "retry_delay_seconds": RETRY_DELAY_S, "retry_condition_fn": worth_retrying}
 
 
 def _logger_fn() -> Callable[[str], None]:
@@ -75,9 +86,11 @@ def with_oom_backoff(run: Callable[[int], dict[str, Any]], batch_size: int, log:
                 pass
 
 
-@task(name="ingest", retries=RETRIES, retry_delay_seconds=RETRY_DELAY_S, cache_policy=NO_CACHE)
-def ingest_task(store_url: str, inputs: list[str], config: IngestConfig, only_cached: bool = False) -> dict[str, Any]:
-    manifest = stages.ingest(ArtifactStore(store_url), inputs, config, log=_logger_fn(), only_cached=only_cached)
+@task(name="ingest", **RETRY, cache_policy=NO_CACHE)
+def ingest_task(store_url: str, inputs: list[str], config: IngestConfig, only_cached: bool = False,
+                force: bool = False) -> dict[str, Any]:
+    manifest = stages.ingest(ArtifactStore(store_url), inputs, config, log=_logger_fn(), only_cached=only_cached,
+                             force=force)
     publish_summary("ingest", manifest)
     return manifest
 
@@ -87,9 +100,9 @@ def validate_task(ingested: dict[str, Any], config: IngestConfig) -> dict[str, A
     return stages.validate(ingested, config)
 
 
-@task(name="cover", retries=RETRIES, retry_delay_seconds=RETRY_DELAY_S, tags=["gpu"], cache_policy=NO_CACHE)
+@task(name="cover", **RETRY, tags=["gpu"], cache_policy=NO_CACHE)
 def cover_task(store_url: str, trajectories: dict[str, Any], policy: PolicyRef, config: CoverConfig,
-               resources: Resources, only_cached: bool = False) -> dict[str, Any]:
+               resources: Resources, only_cached: bool = False, force: bool = False) -> dict[str, Any]:
     """The LoGiC cover (Algorithm 1) over the trajectories of an ingest (or select-new) manifest -> decisions."""
     log = _logger_fn()
     progress_id = create_progress_artifact(0.0, key="race-cover-progress", description="LoGiC cover progress")
@@ -98,6 +111,7 @@ def cover_task(store_url: str, trajectories: dict[str, Any], policy: PolicyRef, 
         return stages.cover(ArtifactStore(store_url), trajectories["objects"]["trajectories"], policy.path,
                             policy.digest, config, replace(resources, batch_size=batch), log=log,
                             trajectory_count=stages.trajectory_count(trajectories), only_cached=only_cached,
+                            force=force,
                             on_progress=lambda f: update_progress_artifact(progress_id, round(100 * f, 1)))
 
     manifest = with_oom_backoff(run, resources.batch_size, log)
@@ -106,19 +120,19 @@ def cover_task(store_url: str, trajectories: dict[str, Any], policy: PolicyRef, 
     return manifest
 
 
-@task(name="compress", retries=RETRIES, retry_delay_seconds=RETRY_DELAY_S, cache_policy=NO_CACHE)
+@task(name="compress", **RETRY, cache_policy=NO_CACHE)
 def compress_task(store_url: str, trajectories: dict[str, Any], decided: dict[str, Any], policy: PolicyRef,
-                  epsilon: float, only_cached: bool = False) -> dict[str, Any]:
+                  epsilon: float, only_cached: bool = False, force: bool = False) -> dict[str, Any]:
     """Apply the cover's accepted removals -> compressed trajectories."""
     manifest = stages.compress(ArtifactStore(store_url), trajectories["objects"]["trajectories"],
                                decided["objects"]["decisions"], policy.path, policy.digest, epsilon,
                                log=_logger_fn(), only_cached=only_cached,
-                               refused_digest=decided["objects"].get("rejects"))
+                               refused_digest=decided["objects"].get("rejects"), force=force)
     publish_summary("compress", manifest)
     return manifest
 
 
-@task(name="select-new", retries=RETRIES, retry_delay_seconds=RETRY_DELAY_S, cache_policy=NO_CACHE)
+@task(name="select-new", **RETRY, cache_policy=NO_CACHE)
 def select_new_task(store_url: str, trajectories_digests: list[str], model_digest: str, config: CoverConfig,
                     resources: Resources) -> dict[str, Any]:
     manifest = stages.select_new(ArtifactStore(store_url), trajectories_digests, model_digest, config, resources,
@@ -127,50 +141,52 @@ def select_new_task(store_url: str, trajectories_digests: list[str], model_diges
     return manifest
 
 
-@task(name="catalog-append", retries=RETRIES, retry_delay_seconds=RETRY_DELAY_S, cache_policy=NO_CACHE)
+@task(name="catalog-append", **RETRY, cache_policy=NO_CACHE)
 def record_part_task(store_url: str, compressed_digest: str, ids: list[str], model_digest: str,
                      config: CoverConfig, resources: Resources) -> dict[str, Any]:
     return stages.record_part(ArtifactStore(store_url), compressed_digest, ids, model_digest, config, resources)
 
 
 # -- training stages ---------------------------------------------------------------------------
-@task(name="sft", retries=RETRIES, retry_delay_seconds=RETRY_DELAY_S, tags=["gpu"], cache_policy=NO_CACHE)
+@task(name="sft", **RETRY, tags=["gpu"], cache_policy=NO_CACHE)
 def sft_task(store_url: str, compressed: dict[str, Any], base: PolicyRef, config: SFTConfig, resources: Resources,
-             only_cached: bool = False) -> dict[str, Any]:
+             only_cached: bool = False, force: bool = False) -> dict[str, Any]:
     manifest = training_stages.sft(ArtifactStore(store_url), compressed["objects"]["compressed"], base, config,
-                                   resources, log=_logger_fn(), only_cached=only_cached)
+                                   resources, log=_logger_fn(), only_cached=only_cached, force=force)
     publish_summary("sft", manifest)
     return manifest
 
 
-@task(name="sample", retries=RETRIES, retry_delay_seconds=RETRY_DELAY_S, tags=["gpu"], cache_policy=NO_CACHE)
+@task(name="sample", **RETRY, tags=["gpu"], cache_policy=NO_CACHE)
 def sample_task(store_url: str, policy: PolicyRef | dict[str, Any], config: RLConfig, resources: Resources,
-                iteration: int, only_cached: bool = False) -> dict[str, Any]:
+                iteration: int, only_cached: bool = False, force: bool = False) -> dict[str, Any]:
     manifest = training_stages.sample(ArtifactStore(store_url), PolicyRef.of(policy), config, resources, iteration,
-                                      log=_logger_fn(), only_cached=only_cached)
+                                      log=_logger_fn(), only_cached=only_cached, force=force)
     publish_summary("sample", manifest)
     return manifest
 
 
-@task(name="rl", retries=RETRIES, retry_delay_seconds=RETRY_DELAY_S, tags=["gpu"], cache_policy=NO_CACHE)
+@task(name="rl", **RETRY, tags=["gpu"], cache_policy=NO_CACHE)
 def rl_task(store_url: str, policy: PolicyRef | dict[str, Any], sampled: dict[str, Any], config: RLConfig,
-            epsilon: float, resources: Resources, iteration: int, only_cached: bool = False) -> dict[str, Any]:
+            epsilon: float, resources: Resources, iteration: int, only_cached: bool = False,
+           force: bool = False) -> dict[str, Any]:
     manifest = training_stages.rl(ArtifactStore(store_url), PolicyRef.of(policy), sampled["objects"]["rollouts"],
-                                  config, epsilon, resources, iteration, log=_logger_fn(), only_cached=only_cached)
+                                  config, epsilon, resources, iteration, log=_logger_fn(), only_cached=only_cached,
+                                  force=force)
     publish_summary("rl", manifest)
     return manifest
 
 
-@task(name="evaluate", retries=RETRIES, retry_delay_seconds=RETRY_DELAY_S, tags=["gpu"], cache_policy=NO_CACHE)
+@task(name="evaluate", **RETRY, tags=["gpu"], cache_policy=NO_CACHE)
 def evaluate_task(store_url: str, policy: PolicyRef | dict[str, Any], config: EvalConfig, resources: Resources,
-                  label: str, only_cached: bool = False) -> dict[str, Any]:
+                  label: str, only_cached: bool = False, force: bool = False) -> dict[str, Any]:
     manifest = training_stages.evaluate(ArtifactStore(store_url), PolicyRef.of(policy), config, resources, label,
-                                        log=_logger_fn(), only_cached=only_cached)
+                                        log=_logger_fn(), only_cached=only_cached, force=force)
     publish_summary(f"evaluate-{label.replace('_', '-')}", manifest)
     return manifest
 
 
-@task(name="report", retries=RETRIES, retry_delay_seconds=RETRY_DELAY_S, cache_policy=NO_CACHE)
+@task(name="report", **RETRY, cache_policy=NO_CACHE)
 def report_task(store_url: str, summary: dict[str, Any], report_dir: str, epsilon: float) -> dict[str, str]:
     """report.md, plots and summary.json in `report_dir`, also attached to the flow run."""
     from storage import read_dataset_from_store

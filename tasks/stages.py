@@ -1,8 +1,8 @@
 """The pipeline's stages as plain functions: manifests in, manifests out (DESIGN §7, §8).
 
 Each stage computes its key from (stage name, version, the config it runs, input digests, model
-digest); if the store holds a manifest under that key the stage returns it (`cached: True`) without
-running. Otherwise it computes, puts its objects, and writes the manifest last (the commit point).
+digest, its code fingerprint and library versions: `tasks.fingerprints`); if the store holds a
+manifest under that key the stage returns it (`cached: True`) without running. Otherwise it computes, puts its objects, and writes the manifest last (the commit point).
 With `only_cached=True` a stage never computes: it returns the stored manifest or raises
 `StageNotRun` (a pipeline run that leaves a stage out still uses that stage's stored output).
 These functions know nothing of Prefect: `tasks/` wraps them as tasks, and `race cover` calls them
@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Any
 
@@ -36,6 +38,7 @@ from storage.parquet import (
     iter_rows_from_store,
     row_to_trajectory,
 )
+from tasks.fingerprints import stage_code
 
 Log = Callable[[str], None]
 
@@ -45,28 +48,36 @@ def _quiet(_: str) -> None:
 
 
 class StageNotRun(LookupError):
-    """A stage left out of a run has no stored output for these inputs."""
+    """A stage left out of a run has no usable stored output for these inputs."""
 
-    def __init__(self, stage: str):
+    def __init__(self, stage: str, damage: str | None = None):
         self.stage = stage
-        super().__init__(f"stage {stage!r} was not selected and the store holds no output of it for these "
-                         f"inputs and settings: add {stage!r} to the stages to run")
+        held = f"its stored output is damaged ({damage})" if damage else "the store holds no output of it"
+        super().__init__(f"stage {stage!r} was not selected and {held} for these inputs and settings: "
+                         f"add {stage!r} to the stages to run")
 
 
 def run_stage(store: ArtifactStore, stage: str, version: int, config: dict[str, Any],
               inputs: dict[str, str], model_digest: str | None,
-              compute: Callable[[], dict[str, Any]], only_cached: bool = False) -> dict[str, Any]:
-    """Return the stage's manifest, computing it only when the store has none under its key.
+              compute: Callable[[], dict[str, Any]], only_cached: bool = False, force: bool = False,
+              log: Log = _quiet) -> dict[str, Any]:
+    """Return the stage's manifest, computing it only when the store has no usable one under its key.
 
+    A stored manifest is reused only if every object it reaches is there at its recorded size
+    (`ArtifactStore.manifest_damage`; reads verify digests and quarantine a corrupt object, so it
+    counts as missing here on the next run); a damaged one is recomputed, and so is any with `force`.
     A returned manifest carries `cached` and `wall_s` (this call's time; a computed manifest
     stores its compute time as `wall_s` too)."""
     started = time.perf_counter()
-    key = stage_key(stage, version, config, inputs, model_digest)
-    existing = store.read_manifest(stage, key)
-    if existing is not None:
+    key = stage_key(stage, version, config, inputs, model_digest, stage_code(stage, config))
+    existing = None if force else store.read_manifest(stage, key)
+    damage = store.manifest_damage(existing) if existing is not None else None
+    if existing is not None and damage is None:
         return {**existing, "cached": True, "wall_s": round(time.perf_counter() - started, 3)}
     if only_cached:
-        raise StageNotRun(stage)
+        raise StageNotRun(stage, damage)
+    if damage or force:
+        log(f"{stage}: recomputing ({damage or 'forced'})")
     produced = compute()
     manifest = store.write_manifest(stage, key, {
         **produced, "inputs": inputs, "config": config, "model_digest": model_digest,
@@ -76,9 +87,10 @@ def run_stage(store: ArtifactStore, stage: str, version: int, config: dict[str, 
 
 
 # -- ingest + validate -------------------------------------------------------------------------
-def expand_inputs(patterns: Iterable[str]) -> list[str]:
-    """Local paths, globs, or fsspec URLs (globs too) -> a sorted list of files. Errors name the
-    pattern that matched nothing."""
+def expand_inputs(patterns: Iterable[str], allow_empty: bool = False) -> list[str]:
+    """Local paths, globs, or fsspec URLs (globs too) -> a sorted list of files. A pattern that
+    matches nothing is an error naming it, unless `allow_empty` (an inbox with nothing new yet);
+    a local glob whose folder does not exist is an error either way (a typo must not look empty)."""
     files: list[str] = []
     for pattern in patterns:
         pattern = str(pattern)
@@ -88,57 +100,114 @@ def expand_inputs(patterns: Iterable[str]) -> list[str]:
             matched = [p if "://" in p else f"{protocol}://{p}" for p in paths]
         else:
             matched = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
-        if not matched:
+            if not matched and not os.path.isdir(folder := _glob_folder(pattern)):
+                raise FileNotFoundError(f"input {pattern!r}: folder {folder!r} does not exist")
+        if not matched and not allow_empty:
             raise FileNotFoundError(f"input {pattern!r} matched no file")
         files.extend(matched)
     return sorted(dict.fromkeys(files))
 
 
-def file_digest(url: str) -> str:
-    h = hashlib.sha256()
+def _glob_folder(pattern: str) -> str:
+    """The folder a local glob searches: its path up to the first part with a wildcard."""
+    parts = os.path.normpath(pattern).split(os.sep)
+    fixed = next(i for i, part in enumerate(parts) if glob.has_magic(part))
+    return os.sep.join(parts[:fixed]) or (os.sep if pattern.startswith(os.sep) else ".")
+
+
+class _DigestingReader:
+    """A binary file read through sha256: `digest` and `size` cover exactly the bytes read so far."""
+
+    def __init__(self, fh: Any):
+        self._fh, self._sha, self.size, self.at_end = fh, hashlib.sha256(), 0, False
+
+    def read(self, size: int = -1, /) -> bytes:
+        data = self._fh.read(size)
+        self._sha.update(data)
+        self.size += len(data)
+        self.at_end = self.at_end or (not data and size != 0)
+        return data
+
+    def read_to_end(self) -> None:
+        while not self.at_end:
+            self.read(1 << 20)
+
+    @property
+    def digest(self) -> str:
+        return self._sha.hexdigest()
+
+
+@contextmanager
+def _open_input(url: str) -> Iterator[_DigestingReader]:
     try:
-        with fsspec.open(url, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
+        fh = fsspec.open(url, "rb").open()
     except FileNotFoundError:
         raise FileNotFoundError(f"input file {url!r} does not exist") from None
-    return h.hexdigest()
+    with fh:
+        yield _DigestingReader(fh)
 
 
-def _read_items(url: str, limits: Limits) -> Iterator[Trajectory | Reject]:
-    with fsspec.open(url, "rb") as fh:
-        yield from iter_jsonl_stream(fh, url, limits)
+def file_digest(url: str) -> str:
+    """sha256 of the file's bytes as stored (compressed, for a .gz), streamed."""
+    with _open_input(url) as reader:
+        reader.read_to_end()
+        return reader.digest
+
+
+def _read_items(url: str, limits: Limits, files_read: dict[str, dict[str, Any]]
+                ) -> Iterator[Trajectory | Reject]:
+    """The file's trajectories and rejects, read once; then `files_read[url]` holds the sha256 and
+    size of exactly the bytes they came from (a file appended meanwhile: the part that was read)."""
+    with _open_input(url) as reader:
+        yield from iter_jsonl_stream(reader, url, limits)
+        if not reader.at_end:  # a damaged gzip stream ended the read: its rest belongs to that reject
+            reader.read_to_end()
+        files_read[url] = {"sha256": reader.digest, "bytes": reader.size}
 
 
 def ingest(store: ArtifactStore, inputs: Iterable[str], config: IngestConfig = IngestConfig(),
-           log: Log = _quiet, only_cached: bool = False) -> dict[str, Any]:
-    """JSONL files -> `trajectories` + `rejects` Parquet. Duplicates (same id) are kept once."""
+           log: Log = _quiet, only_cached: bool = False, force: bool = False) -> dict[str, Any]:
+    """JSONL files (plain or gzip) -> `trajectories` + `rejects` Parquet. Duplicates (same id) are
+    kept once.
+
+    The key is made from what was read: each file is parsed and hashed in the same pass, so a file
+    appended meanwhile gets the key of the bytes its rows came from (the manifest's `files_read` lists
+    each file's sha256 and size as read). A cached ingest is found first with one hash-only pass
+    (no parsing) over the files as they are now; only on a miss are they parsed, hashing again."""
+    started = time.perf_counter()
     files = expand_inputs(inputs)
-    digests = {f: file_digest(f) for f in files}
-
-    def compute() -> dict[str, Any]:
-        limits = config.limits()
-        seen: set[str] = set()
-        duplicates = 0
-        with _TempDataset(store, "trajectories") as good, _TempDataset(store, "rejects") as bad:
-            for f in files:
-                for item in _read_items(f, limits):
-                    if isinstance(item, Reject):
-                        bad.writer.write(item)
-                    elif item.id in seen:
-                        duplicates += 1
-                    else:
-                        seen.add(item.id)
-                        good.writer.write(item)
-        log(f"ingest: {good.rows} trajectories, {bad.rows} rejected lines, {duplicates} duplicates "
-            f"from {len(files)} file(s)")
-        return {"objects": {"trajectories": good.digest, "rejects": bad.digest},
-                "metrics": {"ingested": good.rows, "rejected": bad.rows, "duplicates": duplicates,
-                            "files": len(files)}}
-
     # `strict` gates the run (the validate step); it does not change what ingest writes.
     keyed = {k: v for k, v in asdict(config).items() if k != "strict"}
-    return run_stage(store, "ingest", 1, keyed, {"files": _canonical_inputs(digests)}, None, compute, only_cached)
+    if only_cached or not force:
+        found = {f: file_digest(f) for f in files}
+        try:  # look up only: `compute` is never called
+            return run_stage(store, "ingest", 1, keyed, {"files": _canonical_inputs(found)}, None, dict,
+                             only_cached=True, force=force)
+        except StageNotRun:
+            if only_cached:
+                raise
+    files_read: dict[str, dict[str, Any]] = {}
+    seen: set[str] = set()
+    duplicates = 0
+    with _TempDataset(store, "trajectories") as good, _TempDataset(store, "rejects") as bad:
+        for f in files:
+            for item in _read_items(f, config.limits(), files_read):
+                if isinstance(item, Reject):
+                    bad.writer.write(item)
+                elif item.id in seen:
+                    duplicates += 1
+                else:
+                    seen.add(item.id)
+                    good.writer.write(item)
+    log(f"ingest: {good.rows} trajectories, {bad.rows} rejected lines, {duplicates} duplicates "
+        f"from {len(files)} file(s)")
+    produced = {"objects": {"trajectories": good.digest, "rejects": bad.digest},
+                "metrics": {"ingested": good.rows, "rejected": bad.rows, "duplicates": duplicates,
+                            "files": len(files)},
+                "files_read": [{"file": f, **files_read[f]} for f in files]}
+    inputs_read = {"files": _canonical_inputs({f: r["sha256"] for f, r in files_read.items()})}
+    manifest = run_stage(store, "ingest", 1, keyed, inputs_read, None, lambda: produced, force=force, log=log)
+    return {**manifest, "wall_s": round(time.perf_counter() - started, 3)}
 
 
 def validate(ingested: dict[str, Any], config: IngestConfig) -> dict[str, Any]:
@@ -206,7 +275,7 @@ def cover(store: ArtifactStore, trajectories_digest: str, checkpoint: str, model
           config: CoverConfig = CoverConfig(), resources: Resources = Resources(),
           log: Log = _quiet, scorer_factory: Callable[[], Any] | None = None,
           on_progress: Callable[[float], None] | None = None, trajectory_count: int | None = None,
-          only_cached: bool = False) -> dict[str, Any]:
+          only_cached: bool = False, force: bool = False) -> dict[str, Any]:
     """Run the LoGiC cover (Algorithm 1) over the trajectories, shard by shard -> `decisions`
     Parquet, and `rejects` for the trajectories whose rendering is longer than the model's context
     (or `config.max_tokens`): those are not scored (code `too_long`, with the token count).
@@ -214,7 +283,7 @@ def cover(store: ArtifactStore, trajectories_digest: str, checkpoint: str, model
     `on_progress(fraction)` is called after every round when `trajectory_count` is known."""
 
     def compute() -> dict[str, Any]:
-        from race_core.cover import logic_cover
+        from race_core.cover import check_noise, logic_cover
         from race_core.decisions import CoverContext, decision_rows
         from race_core.scoring import ScoreRequest, make_scorer
 
@@ -236,6 +305,7 @@ def cover(store: ArtifactStore, trajectories_digest: str, checkpoint: str, model
                         noise = scorer.measure_noise([ScoreRequest(("noise", i), t)
                                                       for i, t in enumerate(shard[:4])])
                         log(f"cover: scorer noise {noise:.2e} (epsilon {config.epsilon:g})")
+                        check_noise(noise, config.epsilon)
 
                     def progress(t: int, n: int, total: int, first: int = done, size: int = len(shard)) -> None:
                         log(f"cover: trajectories {first + 1}-{first + size}: round {t}/{total}, {n} candidates")
@@ -255,7 +325,7 @@ def cover(store: ArtifactStore, trajectories_digest: str, checkpoint: str, model
                             "context_tokens": limit, "render_mode": ctx.render_mode}}
 
     return run_stage(store, "cover", 1, cover_key_config(config, resources), {"trajectories": trajectories_digest},
-                     model_digest, compute, only_cached)
+                     model_digest, compute, only_cached, force, log)
 
 
 def _within(shard: list[Trajectory], renderer, limit: int | None, max_tokens: int, refused: DatasetWriter,
@@ -289,7 +359,7 @@ def _shards(items: Iterable[Trajectory], size: int) -> Iterator[list[Trajectory]
 
 def compress(store: ArtifactStore, trajectories_digest: str, decisions_digest: str, checkpoint: str,
              model_digest: str, epsilon: float, log: Log = _quiet, only_cached: bool = False,
-             refused_digest: str | None = None) -> dict[str, Any]:
+             refused_digest: str | None = None, force: bool = False) -> dict[str, Any]:
     """Apply the accepted removals -> `compressed` Parquet (one row per trajectory the cover scored;
     the trajectories of `refused_digest`, the cover's rejects, are left out)."""
 
@@ -331,7 +401,8 @@ def compress(store: ArtifactStore, trajectories_digest: str, decisions_digest: s
     inputs = {"trajectories": trajectories_digest, "decisions": decisions_digest}
     if refused_digest:
         inputs["refused"] = refused_digest
-    return run_stage(store, "compress", 1, {"epsilon": epsilon}, inputs, model_digest, compute, only_cached)
+    return run_stage(store, "compress", 1, {"epsilon": epsilon}, inputs, model_digest, compute, only_cached,
+                     force, log)
 
 
 # -- nightly: only what the catalog has not seen -----------------------------------------------

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from race_core.config import EvalConfig, Resources, RLConfig, SFTConfig
+from race_core.envs.calculator import ENV_REVISION
 from race_core.policy import checkpoint_digest
 from storage import ArtifactStore, put_checkpoint, restore_checkpoint
 from tasks.stages import Log, _quiet, iter_trajectories, run_stage
@@ -82,7 +83,7 @@ def _model_config(config: Any, resources: Resources, **extra: Any) -> dict[str, 
 
 
 def sft(store: ArtifactStore, compressed_digest: str, base: PolicyRef, config: SFTConfig, resources: Resources,
-        log: Log = _quiet, only_cached: bool = False) -> dict[str, Any]:
+        log: Log = _quiet, only_cached: bool = False, force: bool = False) -> dict[str, Any]:
     """Fine-tune the base policy on the compressed trajectories (assistant tokens only)."""
 
     def compute() -> dict[str, Any]:
@@ -103,7 +104,7 @@ def sft(store: ArtifactStore, compressed_digest: str, base: PolicyRef, config: S
                             "target_tokens": report.target_tokens}}
 
     return run_stage(store, "sft", 1, _model_config(config, resources), {"compressed": compressed_digest},
-                     base.digest, compute, only_cached)
+                     base.digest, compute, only_cached, force, log)
 
 
 def _rl_keyed(config: RLConfig, resources: Resources, iteration: int) -> dict[str, Any]:
@@ -112,7 +113,7 @@ def _rl_keyed(config: RLConfig, resources: Resources, iteration: int) -> dict[st
 
 
 def sample(store: ArtifactStore, policy: PolicyRef, config: RLConfig, resources: Resources, iteration: int,
-           log: Log = _quiet, only_cached: bool = False) -> dict[str, Any]:
+           log: Log = _quiet, only_cached: bool = False, force: bool = False) -> dict[str, Any]:
     """On-policy episodes of the current policy in the calculator: K tasks × G rollouts."""
 
     def compute() -> dict[str, Any]:
@@ -129,12 +130,14 @@ def sample(store: ArtifactStore, policy: PolicyRef, config: RLConfig, resources:
                 "metrics": {"rollouts": len(rollouts), "success_rate": successes / max(len(rollouts), 1),
                             "reasoning_tokens_per_turn": reasoning / max(turns, 1)}}
 
-    return run_stage(store, "sample", 1, _rl_keyed(config, resources, iteration),
-                     {"policy": policy.folder or policy.digest}, policy.digest, compute, only_cached)
+    return run_stage(store, "sample", 1, {**_rl_keyed(config, resources, iteration), "env_revision": ENV_REVISION},
+                     {"policy": policy.folder or policy.digest}, policy.digest, compute,
+                     only_cached, force, log)
 
 
 def rl(store: ArtifactStore, policy: PolicyRef, rollouts_digest: str, config: RLConfig, epsilon: float,
-       resources: Resources, iteration: int, log: Log = _quiet, only_cached: bool = False) -> dict[str, Any]:
+       resources: Resources, iteration: int, log: Log = _quiet, only_cached: bool = False,
+       force: bool = False) -> dict[str, Any]:
     """One cover-aware RL update of the policy on its own rollouts (cover at `epsilon`) -> a new policy."""
 
     def compute() -> dict[str, Any]:
@@ -150,11 +153,11 @@ def rl(store: ArtifactStore, policy: PolicyRef, rollouts_digest: str, config: RL
 
     return run_stage(store, "rl", 1, {**_rl_keyed(config, resources, iteration), "epsilon": epsilon},
                      {"policy": policy.folder or policy.digest, "rollouts": rollouts_digest}, policy.digest,
-                     compute, only_cached)
+                     compute, only_cached, force, log)
 
 
 def evaluate(store: ArtifactStore, policy: PolicyRef, config: EvalConfig, resources: Resources, label: str = "",
-             log: Log = _quiet, only_cached: bool = False) -> dict[str, Any]:
+             log: Log = _quiet, only_cached: bool = False, force: bool = False) -> dict[str, Any]:
     """Greedy success rate and reasoning tokens per episode on held-out tasks."""
 
     def compute() -> dict[str, Any]:
@@ -170,5 +173,5 @@ def evaluate(store: ArtifactStore, policy: PolicyRef, config: EvalConfig, resour
         digest = store.put_bytes(json.dumps(summary, sort_keys=True).encode())
         return {"objects": {"report": digest}, "metrics": summary}
 
-    return run_stage(store, "evaluate", 1, _model_config(config, resources, greedy=True), {}, policy.digest,
-                     compute, only_cached)
+    return run_stage(store, "evaluate", 1, _model_config(config, resources, greedy=True, env_revision=ENV_REVISION),
+                     {}, policy.digest, compute, only_cached, force, log)

@@ -97,7 +97,7 @@ def test_bad_rows_are_listed_and_strict_stops_before_scoring(prefect_harness, ti
                                 json.dumps(bad[1]), json.dumps(good[2])]) + "\n")
     store = str(tmp_path / "store")
     summary = race_pipeline(cover_config([mixed], tiny_checkpoint, store))
-    assert summary["trajectories"] == {"ingested": 3, "rejected": 3}
+    assert summary["trajectories"] == {"ingested": 3, "rejected": 3, "too_long": 0}
     rejects = read_dataset_from_store(ArtifactStore(store), summary["objects"]["rejects"], "rejects")
     assert list(rejects["line"]) == [2, 3, 5]
     assert list(rejects["code"]) == ["bad_split", "not_json", "not_successful"]
@@ -166,3 +166,15 @@ def test_nightly_scores_only_the_trajectories_of_a_new_file(prefect_harness, tin
     assert [p["part"] for p in parts] == [first["part"], second["part"]]
     part2 = read_dataset_from_store(store, second["part"], "compressed")
     assert set(part2["id"]) == {t.id for t in trajectories[6:9]}
+
+
+def test_an_error_that_recurs_is_not_retried(prefect_harness, tiny_checkpoint, demo_inputs, tmp_path, monkeypatch):
+    attempts = []
+
+    def bad_input(*args, **kwargs):  # fault injected on purpose: what a bad parameter raises
+        attempts.append(1)
+        raise ValueError("injected: scorer noise 3e-3 is not far below epsilon 1e-3")
+
+    monkeypatch.setattr(stages, "compress", bad_input)
+    state = race_pipeline(cover_config(demo_inputs, tiny_checkpoint, tmp_path / "s"), return_state=True)
+    assert state.is_failed() and len(attempts) == 1

@@ -79,6 +79,7 @@ def _decision(tid, turn, *, accepted, drops, max_drop, skipped_empty=False, back
         "trajectory_id": tid,
         "turn": turn,
         "accepted": accepted,
+        "reason": None if accepted else "empty_reasoning" if skipped_empty else "over_epsilon",
         "skipped_empty": skipped_empty,
         "drops": drops,
         "max_drop": max_drop,

@@ -115,19 +115,23 @@ def test_put_file_and_get_file_round_trip(store, tmp_path):
     assert restored.read_bytes() == source.read_bytes()
 
 
-def test_corrupt_object_read_names_the_digest_and_putting_again_repairs(store, tmp_path):
+def test_corrupt_object_read_names_the_digest_is_quarantined_and_putting_again_repairs(store, tmp_path):
     digest = store.put_bytes(b"precious bytes")
     _corrupt(store, digest, b"rotten bytes")
     with pytest.raises(CorruptObjectError) as err:
         store.get_bytes(digest)
     assert digest in str(err.value)
-    assert "rerun" in str(err.value)
+    assert "quarantine" in str(err.value) and "next run recomputes" in str(err.value)
+    # moved aside: it now reads as missing, so the next hit check recomputes the stage that made it
+    assert not store.has_object(digest)
+    assert store.fs.cat_file(f"{store.root}/quarantine/{digest}") == b"rotten bytes"
+    assert store.put_bytes(b"precious bytes") == digest  # the repair
+    assert store.get_bytes(digest) == b"precious bytes"
+    _corrupt(store, digest, b"rotten again")
     with pytest.raises(CorruptObjectError):
         store.get_file(digest, tmp_path / "copy.bin")
     assert not (tmp_path / "copy.bin").exists()  # a corrupt copy never lands under its final name
-    assert store.verify_object(digest) is False
-    assert store.put_bytes(b"precious bytes") == digest  # the repair
-    assert store.get_bytes(digest) == b"precious bytes"
+    assert not store.has_object(digest)
 
 
 def test_missing_object_is_a_clear_error(store):
@@ -207,12 +211,53 @@ def test_gc_lists_only_unreferenced_objects(store, tmp_path):
     kept = store.put_bytes(b"kept")
     orphan = store.put_bytes(b"orphan")
     store.write_manifest("sft", "k1", {"objects": {"checkpoint": tree, "log": kept}})
-    assert store.gc(dry_run=True) == [orphan]
+    assert store.gc(dry_run=True).young == [orphan]  # too fresh: it may belong to a running stage
+    assert store.gc(dry_run=False).objects == []
+    assert store.gc(dry_run=True, grace_hours=0).objects == [orphan]
     assert store.has_object(orphan)  # dry run deletes nothing
-    assert store.gc(dry_run=False) == [orphan]
+    assert store.gc(dry_run=False, grace_hours=0).objects == [orphan]
     assert not store.has_object(orphan)
-    assert store.gc(dry_run=True) == []
+    assert store.gc(dry_run=True, grace_hours=0).objects == []
     assert _files(store.restore_folder(tree, tmp_path / "again")) == _files(folder)
+
+
+def test_a_record_written_create_if_absent_never_overwrites(store):
+    """The catalog's append primitive: local os.link, S3 If-None-Match: * (moto honours it), memory xb."""
+    store.write_record("catalog/s/00000001.json", {"part": "first"}, overwrite=False)
+    with pytest.raises(FileExistsError, match="00000001.json"):
+        store.write_record("catalog/s/00000001.json", {"part": "second"}, overwrite=False)
+    assert store.read_record("catalog/s/00000001.json") == {"part": "first"}
+    assert store.list_records("catalog/s") == ["00000001.json"]  # no temp litter either
+
+
+def test_manifest_records_sizes_and_damage_names_a_missing_or_resized_object(store, tmp_path):
+    folder = _make_folder(tmp_path / "ckpt")
+    tree = store.put_folder(folder)
+    log = store.put_bytes(b"log lines")
+    manifest = store.write_manifest("sft", "k1", {"objects": {"checkpoint": tree, "log": log}})
+    member = store.read_tree(tree)["config.json"]
+    assert manifest["object_sizes"][log] == len(b"log lines")
+    assert member in manifest["object_sizes"]  # trees are followed
+    assert store.manifest_damage(manifest) is None
+    _corrupt(store, log, b"log lines, longer")
+    assert store.manifest_damage(manifest) == f"object {log} holds 17 bytes, not the 9 recorded"
+    store.fs.rm_file(store.object_path(member))
+    store.fs.invalidate_cache()
+    assert store.manifest_damage({**manifest, "object_sizes": {member: 18}}) == f"object {member} is missing"
+    old_style = {"objects": {"log": log}}  # written before sizes were recorded: existence only
+    assert store.manifest_damage(old_style) is None
+
+
+def test_gc_aborts_the_abandoned_multipart_uploads_of_its_own_root_only(s3_server):
+    # (moto reports every upload as started in 2010, so the grace period itself is pinned on files)
+    store = ArtifactStore(f"s3://{s3_server['bucket']}/{uuid.uuid4().hex}", storage_options=s3_server["storage_options"])
+    bucket, prefix = store.root.split("/", 1)
+    ours = store.fs.call_s3("create_multipart_upload", Bucket=bucket, Key=f"{prefix}/objects/ab/killed-upload")
+    theirs = store.fs.call_s3("create_multipart_upload", Bucket=bucket, Key=f"{prefix}-other/objects/ab/upload")
+    report = store.gc(dry_run=False, grace_hours=1)
+    assert report.uploads == [f"{prefix}/objects/ab/killed-upload (upload {ours['UploadId']})"]
+    assert store.gc(grace_hours=1).uploads == []  # aborted
+    assert theirs["UploadId"] in {u["UploadId"] for u in store.fs.list_multipart_uploads(bucket)}
 
 
 # -- local atomicity (the temp + fsync + rename protocol) ---------------------------------------
@@ -254,7 +299,11 @@ def test_crash_mid_write_never_shows_a_partial_file_under_its_final_name(tmp_pat
     assert litter and all(p.name.startswith(".tmp-") for p in litter)  # only temp names exist
     assert not os.path.exists(store.object_path(digest))
     assert list(store.iter_objects()) == []  # temp litter is never an object
-    assert store.gc() == []
+    report = store.gc(grace_hours=0)
+    assert report.objects == [] and len(report.temp_files) == len(litter)  # litter is listed, not an object
+    assert store.gc(grace_hours=1).temp_files == []  # ... once it is older than the grace period
+    store.gc(dry_run=False, grace_hours=0)
+    assert [p for p in (tmp_path / "store").rglob("*") if p.is_file()] == []
     assert not store.has("ingest", "k1") and store.list_manifests("ingest") == []
     assert store.put_bytes(b"x" * 100_000) == digest and store.verify_object(digest)
 
@@ -288,15 +337,17 @@ def test_stage_key_is_stable_across_dict_order_and_processes():
         {"config": {"epsilon": 0.01, "backend": "hf", "nested": {"b": 2, "a": [1, 2]}}},
         {"input_digests": {"trajectories": "3" * 64, "model": "2" * 64}},
         {"model_digest": None},
+        {"code": {"source": "e" * 64, "libraries": {"torch": "2.0"}}},
     ],
 )
-def test_stage_key_changes_with_each_of_its_five_parts(change):
+def test_stage_key_changes_with_each_of_its_six_parts(change):
     base = {
         "stage": "cover",
         "version": 2,
         "config": {"epsilon": 0.001, "backend": "hf", "nested": {"b": 2, "a": [1, 2]}},
         "input_digests": {"trajectories": "1" * 64, "model": "2" * 64},
         "model_digest": "f" * 64,
+        "code": {"source": "d" * 64, "libraries": {"torch": "2.0"}},
     }
     assert stage_key(**base) != stage_key(**{**base, **change})
 

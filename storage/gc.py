@@ -1,0 +1,116 @@
+"""Garbage collection of an `ArtifactStore` (DESIGN §7) that a running stage survives.
+
+A stage puts its objects first and writes its manifest last, so between the two its objects are
+unreferenced. `collect_garbage` therefore leaves alone everything younger than a grace period
+(`DEFAULT_GRACE_HOURS` unless told): unreferenced objects, and the litter of killed writers, which
+it also removes once old: `.tmp-*` files (local temp names that were never renamed), objects moved
+to `quarantine/` when a read found them corrupt, and S3 multipart uploads never completed. Reusing
+an existing object refreshes its age (`ArtifactStore.put_bytes`), so an old unreferenced object that
+a rerun produces again is young again.
+
+The objects are listed before the references are read: an object committed in between is then
+referenced, not taken. What remains is a stage that reuses an old object while a `gc` runs; its
+manifest then points at a missing object, which the next hit check sees and recomputes.
+
+Multipart uploads: s3fs offers `list_multipart_uploads(bucket)` (the bucket's first 1000, all
+prefixes), `abort_mpu(bucket, key, upload_id)`, and `clear_multipart_uploads(bucket)`, which aborts
+every upload of the bucket, running ones and other prefixes' included, so it is not used here:
+only this root's uploads older than the grace period are aborted. A bucket lifecycle rule
+(`AbortIncompleteMultipartUpload` after a day or so) is the complete answer on a shared bucket.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from storage.store import _DIGEST, QUARANTINE, REFERENCE_ROOTS, TEMP_PREFIX, ArtifactStore
+
+HOUR_S = 3600.0
+
+
+@dataclass
+class GCReport:
+    """What `collect_garbage` found: removed unless it was a dry run (paths relative to the root)."""
+
+    objects: list[str] = field(default_factory=list)  # unreferenced objects older than the grace period
+    young: list[str] = field(default_factory=list)  # unreferenced but younger: kept (maybe not committed yet)
+    temp_files: list[str] = field(default_factory=list)  # abandoned `.tmp-*` files older than the grace period
+    quarantined: list[str] = field(default_factory=list)  # corrupt objects moved aside, older than the grace
+    uploads: list[str] = field(default_factory=list)  # abandoned S3 multipart uploads older than the grace
+
+
+def collect_garbage(store: ArtifactStore, dry_run: bool, grace_hours: float) -> GCReport:
+    """List (and unless `dry_run` remove) what no record references and what killed writers left,
+    older than `grace_hours`."""
+    grace_s = grace_hours * HOUR_S
+    objects = _ages(store, "objects")  # listed before the references are read (module doc)
+    keep = store.referenced_objects()
+    report = GCReport()
+    for path, age in sorted(objects.items()):
+        name = _name(path)
+        if _DIGEST.match(name) and name not in keep:
+            (report.objects if age >= grace_s else report.young).append(name)
+    for top in ("objects", *REFERENCE_ROOTS):
+        ages = objects if top == "objects" else _ages(store, top)
+        report.temp_files += [_relative(store, p) for p, age in sorted(ages.items())
+                              if _name(p).startswith(TEMP_PREFIX) and age >= grace_s]
+    report.quarantined = [_relative(store, p) for p, age in sorted(_ages(store, QUARANTINE).items())
+                          if age >= grace_s]
+    uploads = _abandoned_uploads(store, grace_s)
+    report.uploads = [f"{u['Key']} (upload {u['UploadId']})" for u in uploads]
+    if not dry_run:
+        for digest in report.objects:
+            store.fs.rm_file(store.object_path(digest))
+        for relative in report.temp_files + report.quarantined:
+            store.fs.rm_file(f"{store.root}/{relative}")
+        for upload in uploads:
+            store.fs.abort_mpu(store.root.split("/", 1)[0], upload["Key"], upload["UploadId"])
+    return report
+
+
+def _name(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _relative(store: ArtifactStore, path: str) -> str:
+    return path[len(store.root) + 1:] if path.startswith(store.root + "/") else path
+
+
+def _ages(store: ArtifactStore, top: str) -> dict[str, float]:
+    """Path -> age in seconds of every file under `root/top`."""
+    base = f"{store.root}/{top}"
+    if not store._exists(base):
+        return {}
+    now = time.time()
+    return {path: now - _modified(info) for path, info in store.fs.find(base, detail=True).items()}
+
+
+def _modified(info: dict[str, Any]) -> float:
+    """A listed file's modification time (POSIX seconds) from fsspec's info: `mtime` (local),
+    `LastModified` (S3), `updated` (GCS), `created` (memory); now (young) when there is none."""
+    for key in ("mtime", "LastModified", "last_modified", "updated", "created"):
+        value = info.get(key)
+        if isinstance(value, datetime):
+            return value.timestamp()
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                continue
+    return time.time()
+
+
+def _abandoned_uploads(store: ArtifactStore, grace_s: float) -> list[dict[str, Any]]:
+    """S3 multipart uploads under this root started more than `grace_s` ago; none elsewhere."""
+    lister = getattr(store.fs, "list_multipart_uploads", None)
+    if lister is None or not hasattr(store.fs, "abort_mpu"):
+        return []
+    bucket, _, prefix = store.root.partition("/")
+    now = time.time()
+    return [u for u in lister(bucket) if u["Key"].startswith(f"{prefix}/" if prefix else "")
+            and now - u["Initiated"].timestamp() >= grace_s]

@@ -1,0 +1,93 @@
+"""What a stage's numbers depend on besides its config and inputs: the one place that lists it.
+
+The `code` part of a stage key (DESIGN §7, `storage.keys.stage_key`) is
+- `source`: sha256 over (path, content) of the modules that compute the stage's numbers
+  (`STAGE_SOURCES`; globs are relative to the project root), so editing one of them reruns that
+  stage and no other;
+- `libraries`: the installed versions of the libraries that change its numbers (`STAGE_LIBRARIES`),
+  plus vllm when the stage's config says `backend: vllm`.
+
+The cover's rendering (`Renderer.render_mode`: canonical or segments tokenization, and what the chat
+template does with reasoning) is not keyed on its own: it is a function of the tokenizer and
+template files (in the model digest, `race_core.policy.MODEL_FILES`), of `race_core/render.py` (in
+the cover's source) and of the tokenizers/transformers versions (in its libraries), and no setting
+chooses it. The files are read each time a key is computed (a few small files), so a process whose
+modules were edited after it started keys on the new source.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from functools import cache
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+SOURCE_ROOT = Path(__file__).resolve().parents[1]  # the folder holding race_core/, storage/, tasks/
+
+_RENDER = ("race_core/render.py", "race_core/schema.py", "race_core/policy.py")
+_POLICY_LOOP = ("race_core/rollout.py", "race_core/sampling/*.py", "race_core/vllm_engine.py",
+                "race_core/envs/calculator/*.py")
+
+STAGE_SOURCES: dict[str, tuple[str, ...]] = {
+    "ingest": ("race_core/schema.py", "storage/parquet.py", "tasks/stages.py"),
+    "cover": ("race_core/cover.py", "race_core/scoring/*.py", "race_core/vllm_engine.py", "race_core/decisions.py",
+              *_RENDER, "storage/parquet.py", "tasks/stages.py"),
+    "compress": ("race_core/decisions.py", *_RENDER, "storage/parquet.py", "tasks/stages.py"),
+    "sft": ("race_core/train/sft.py", "race_core/loss.py", *_RENDER, "storage/parquet.py",
+            "tasks/training_stages.py"),
+    "sample": (*_POLICY_LOOP, *_RENDER, "tasks/training_stages.py"),
+    "rl": ("race_core/train/rl.py", "race_core/loss.py", "race_core/cover.py", "race_core/scoring/*.py",
+           "race_core/rollout.py", *_RENDER, "tasks/training_stages.py"),
+    "evaluate": ("race_core/evaluate.py", *_POLICY_LOOP, *_RENDER, "tasks/training_stages.py"),
+}
+
+_MODEL_LIBRARIES = ("torch", "transformers", "tokenizers")
+STAGE_LIBRARIES: dict[str, tuple[str, ...]] = {
+    "ingest": (),
+    "cover": _MODEL_LIBRARIES,
+    "compress": ("transformers", "tokenizers"),  # token counts
+    "sft": (*_MODEL_LIBRARIES, "peft"),  # peft: LoRA
+    "sample": _MODEL_LIBRARIES,
+    "rl": _MODEL_LIBRARIES,
+    "evaluate": _MODEL_LIBRARIES,
+}
+
+
+def stage_code(stage: str, config: Mapping[str, Any]) -> dict[str, Any]:
+    """The `code` part of `stage`'s key: its source fingerprint and the library versions it runs on."""
+    names = STAGE_LIBRARIES.get(stage, ())
+    if config.get("backend") == "vllm":
+        names = (*names, "vllm")
+    return {"source": source_fingerprint(stage), "libraries": {name: installed_version(name) for name in names}}
+
+
+def source_fingerprint(stage: str) -> str:
+    """sha256 over (relative path, content) of the files of `STAGE_SOURCES[stage]` under `SOURCE_ROOT`."""
+    try:
+        patterns = STAGE_SOURCES[stage]
+    except KeyError:
+        raise ValueError(f"stage {stage!r} has no source list: add it to tasks/fingerprints.py STAGE_SOURCES") from None
+    files = sorted({path for pattern in patterns for path in _matches(pattern)})
+    h = hashlib.sha256()
+    for path in files:
+        h.update(path.relative_to(SOURCE_ROOT).as_posix().encode() + b"\0")
+        h.update(hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def _matches(pattern: str) -> list[Path]:
+    found = [p for p in SOURCE_ROOT.glob(pattern) if p.is_file()]
+    if not found:  # a renamed module must not silently drop out of the key
+        raise FileNotFoundError(f"stage source {pattern!r} matches no file under {SOURCE_ROOT}")
+    return found
+
+
+@cache
+def installed_version(distribution: str) -> str | None:
+    """The installed version of a distribution (None when it is not installed)."""
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
