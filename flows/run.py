@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from race_core.config import STAGES, PipelineConfig
+from race_core.config import PipelineConfig
 from tasks.summary import summarize
 
 # stage -> the stages whose output it reads (sample also reads the previous rl iteration's policy)
@@ -41,9 +41,6 @@ class PipelineRun:
     """Runs (or looks up, or skips) each stage of one pipeline run and keeps its manifest."""
 
     def __init__(self, config: PipelineConfig, earlier: dict[str, dict[str, Any]] | None = None):
-        unknown = sorted(set(config.force) - set(STAGES))
-        if unknown:
-            raise ValueError(f"parameter 'force': unknown {unknown}; known stages are {list(STAGES)}")
         self.config = config
         self.forced = set(config.force) - {"validate"}  # validate is a check: nothing stored, it always runs
         self.selected = set(config.stages) | self.forced

@@ -164,9 +164,10 @@ class PipelineConfig:
         """Fail early with a message naming the bad parameter; returns self."""
         if not self.inputs:
             raise ValueError("parameter 'inputs': give at least one JSONL file, glob or URL")
-        unknown = sorted(set(self.stages) - set(STAGES))
-        if unknown:
-            raise ValueError(f"parameter 'stages': unknown {unknown}; known stages are {list(STAGES)}")
+        for name in ("stages", "force"):
+            unknown = sorted(set(getattr(self, name)) - set(STAGES))
+            if unknown:
+                raise ValueError(f"parameter '{name}': unknown {unknown}; known stages are {list(STAGES)}")
         if self.rl.iterations < 0:
             raise ValueError("parameter 'rl.iterations' must be >= 0")
         _check_cover(self.checkpoint, self.cover, self.resources)

@@ -154,7 +154,7 @@ def test_race_run_force_reaches_the_named_stage_only():
         run.stage(stage, FakeTask(stage))
     assert calls == [("ingest.fn", {"only_cached": True}), ("cover", {"force": True}), ("compress", {})]
     with pytest.raises(ValueError, match="parameter 'force': unknown \\['scoring'\\]"):
-        PipelineRun(PipelineConfig(force=("scoring",)))
+        PipelineConfig(inputs=("x.jsonl",), force=("scoring",)).check()
 
 
 # -- gc and running stages ---------------------------------------------------------------------
