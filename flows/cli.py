@@ -69,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="serve the race-pipeline/manual and race-nightly/nightly deployments")
     add_config_options(p, SERVE_DEFAULTS, top=("inbox", "checkpoint", "store"), sections=COVER_SECTIONS)
     p.add_argument("--cron", default=NIGHTLY_CRON, help="nightly schedule (UTC)")
+    p.add_argument("--allow-root", nargs="+", metavar="ROOT",
+                   help="folders and URL prefixes the served runs may read and write (inputs, checkpoint, "
+                        "store, report_dir); default: this folder, the store, the checkpoint and the inbox's "
+                        "folder")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("gc", help="objects of the store that no manifest references, and abandoned litter")
@@ -183,7 +187,14 @@ def cmd_serve(args) -> int:
         print("race serve: PREFECT_API_URL is not set; start a server (`prefect server start`) and export "
               "PREFECT_API_URL=http://127.0.0.1:4200/api", file=sys.stderr)
         return 2
-    serve_deployments(config_from_args(SERVE_DEFAULTS, args), cron=args.cron)
+    from flows.roots import ROOTS_ENV, roots_env
+
+    nightly = config_from_args(SERVE_DEFAULTS, args)
+    roots = args.allow_root or [".", nightly.store, nightly.checkpoint,
+                                str(Path(nightly.inbox.split("*", 1)[0]).parent)]
+    os.environ[ROOTS_ENV] = roots_env(roots)  # the served flow runs inherit it
+    print(f"race serve: runs may read and write only under: {', '.join(roots)}", file=sys.stderr)
+    serve_deployments(nightly, cron=args.cron)
     return 0
 
 

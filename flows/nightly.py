@@ -13,6 +13,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
+from flows.roots import allowed_roots, check_within_roots
 from race_core.config import NightlyConfig
 from tasks import pipeline_tasks as t
 from tasks.stages import expand_inputs
@@ -23,6 +24,7 @@ from tasks.training_stages import PolicyRef
 def race_nightly(config: NightlyConfig) -> dict[str, Any]:
     """Compress what is new in `config.inbox` (a glob or fsspec URL of JSONL files)."""
     cfg, store = config.check(), config.store
+    check_within_roots({"inbox": cfg.inbox, "checkpoint": cfg.checkpoint, "store": store}, allowed_roots())
     files = expand_inputs([cfg.inbox], allow_empty=True)
     summary: dict[str, Any] = {"files": len(files), "new": 0, "already_compressed": 0, "part": None,
                                "rejected": 0, "rejects": {}}

@@ -12,6 +12,7 @@ from typing import Any
 
 from prefect import flow
 
+from flows.roots import allowed_roots, check_within_roots
 from flows.run import PipelineRun
 from race_core.config import PipelineConfig
 from tasks import pipeline_tasks as t
@@ -22,7 +23,10 @@ def run_pipeline(config: PipelineConfig, run_info: dict[str, Any] | None = None,
                  earlier: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """The pipeline's stages in order (inside a flow run); returns the run's summary. `earlier`:
     manifests of stages a calling flow ran before (shown in the summary)."""
-    cfg, store, base = config.check(), config.store, PolicyRef.local(config.checkpoint)
+    cfg, store = config.check(), config.store
+    check_within_roots({"inputs": cfg.inputs, "checkpoint": cfg.checkpoint, "store": store,
+                        "report_dir": cfg.report_dir}, allowed_roots())
+    base = PolicyRef.local(cfg.checkpoint)
     run = PipelineRun(cfg, earlier)
     ingested = run.stage("ingest", t.ingest_task, store, list(cfg.inputs), cfg.ingest)
     run.stage("validate", t.validate_task, ingested, cfg.ingest)

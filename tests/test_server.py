@@ -60,7 +60,8 @@ def test_served_deployments_run_from_the_api(prefect_server, tiny_checkpoint, de
     store = str(tmp_path / "store")
     log = open(tmp_path / "serve.log", "w")
     serve = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve", "--checkpoint", str(tiny_checkpoint),
-                              "--store", store, "--inbox", str(tmp_path / "inbox" / "*.jsonl")],
+                              "--store", store, "--inbox", str(tmp_path / "inbox" / "*.jsonl"),
+                              "--allow-root", str(tmp_path), str(tiny_checkpoint)],
                              env=env, stdout=log, stderr=subprocess.STDOUT, cwd=os.getcwd())
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
@@ -101,6 +102,11 @@ def test_served_deployments_run_from_the_api(prefect_server, tiny_checkpoint, de
             "config": {**config, "inputs": demo_inputs, "stages": ["ingest", "validate", "cover", "compress"]}})
         assert run.state.is_completed(), (run.state, (tmp_path / "serve.log").read_text()[-3000:])
         assert any(True for _ in (tmp_path / "store" / "stages" / "compress").glob("*.json"))
+        # a run that asks to read a URL outside the served roots fails before reading anything
+        refused = run_deployment("race-pipeline/manual", timeout=120, poll_interval=2, parameters={
+            "config": {**config, "inputs": ["http://127.0.0.1:9/secrets.jsonl"], "stages": ["ingest"]}})
+        assert refused.state.is_failed()
+        assert "outside the roots this server allows" in (tmp_path / "serve.log").read_text()
     finally:
         settings.__exit__(None, None, None)
         serve.terminate()
