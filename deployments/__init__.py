@@ -58,4 +58,35 @@ def serve_deployments(nightly: NightlyConfig, cron: str = NIGHTLY_CRON, limit: i
     """Register both deployments with the server and run their flow runs here until stopped."""
     from prefect import serve
 
+    keep_watching_for_cancellation()
     serve(*build_deployments(nightly, cron), limit=limit)
+
+
+def keep_watching_for_cancellation() -> None:
+    """Make the runner's cancellation observer outlive a server restart.
+
+    Prefect 3.7's runner watches for cancelled runs over a websocket and, when that drops, by
+    polling; the polling loop gives up after a few consecutive failures (about 30 s of server
+    downtime: "Service exceeded error threshold ... flow run cancellation will fail") and never
+    comes back, so a run cancelled from the UI after a restart keeps running. Here a failed polling
+    loop is logged and started again, so once the server answers, cancellations work again."""
+    import asyncio
+
+    from prefect._internal.observers import FlowRunCancellingObserver
+    from prefect.utilities.services import critical_service_loop
+
+    if getattr(FlowRunCancellingObserver, "_race_keeps_watching", False):
+        return
+
+    def handle_polling_task_done(self, task: asyncio.Task) -> None:
+        if task.cancelled() or self._is_shutting_down:
+            return
+        if task.exception() is None:
+            return
+        self.logger.warning("cancellation polling failed (%s); polling again", task.exception())
+        self._polling_task = asyncio.create_task(critical_service_loop(
+            workload=self._check_for_cancelled_flow_runs, interval=self.polling_interval, jitter_range=0.3))
+        self._polling_task.add_done_callback(lambda t: handle_polling_task_done(self, t))
+
+    FlowRunCancellingObserver._handle_polling_task_done = handle_polling_task_done
+    FlowRunCancellingObserver._race_keeps_watching = True
