@@ -178,3 +178,15 @@ def test_an_error_that_recurs_is_not_retried(prefect_harness, tiny_checkpoint, d
     monkeypatch.setattr(stages, "compress", bad_input)
     state = race_pipeline(cover_config(demo_inputs, tiny_checkpoint, tmp_path / "s"), return_state=True)
     assert state.is_failed() and len(attempts) == 1
+
+
+def test_the_nightly_flow_checks_its_parameters_like_the_manual_one(prefect_harness, tiny_checkpoint, tmp_path):
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    base = NightlyConfig(inbox=str(inbox / "*.jsonl"), checkpoint=str(tiny_checkpoint), store=str(tmp_path / "s"))
+    for changes, parameter in (({"cover.epsilon": float("nan")}, "cover.epsilon"),
+                               ({"cover.epsilon": -0.1}, "cover.epsilon"),
+                               ({"cover.backend": "tgi"}, "cover.backend"),
+                               ({"checkpoint": str(tmp_path / "none")}, "checkpoint")):
+        with pytest.raises(ValueError, match=f"parameter '{parameter}'"):
+            race_nightly(replace(base, **changes))
