@@ -15,6 +15,7 @@ run's defaults (checkpoint, store, ingest, cover, resources) from the nightly co
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 from race_core.config import NightlyConfig, PipelineConfig
@@ -54,12 +55,43 @@ def build_deployments(nightly: NightlyConfig = SERVE_DEFAULTS, cron: str = NIGHT
     return [manual, scheduled]
 
 
-def serve_deployments(nightly: NightlyConfig, cron: str = NIGHTLY_CRON, limit: int | None = None) -> None:
-    """Register both deployments with the server and run their flow runs here until stopped."""
+def serve_deployments(nightly: NightlyConfig, cron: str = NIGHTLY_CRON, limit: int | None = None,
+                      log=print) -> None:
+    """Register both deployments with the server and run their flow runs here until stopped.
+
+    Prefect's runner stops (after pausing the deployments) when its polling for scheduled runs
+    fails a few times in a row, i.e. after about a minute without the server. Then this waits for
+    the server to answer and serves again (registering the deployments again, unpaused), so a
+    server restart of any length is survived; an error while the server answers is raised."""
     from prefect import serve
 
     keep_watching_for_cancellation()
-    serve(*build_deployments(nightly, cron), limit=limit)
+    while True:
+        try:
+            serve(*build_deployments(nightly, cron), limit=limit)
+        except Exception as exc:  # noqa: BLE001 - re-raised unless the server is away
+            if api_answers():
+                raise
+            log(f"race serve: lost the Prefect server ({type(exc).__name__}); serving again once it answers")
+        else:
+            if api_answers():
+                return  # stopped on purpose
+            log("race serve: the runner stopped without the Prefect server; serving again once it answers")
+        while not api_answers():
+            time.sleep(5)
+        log("race serve: the Prefect server answers again; serving")
+
+
+def api_answers() -> bool:
+    """Whether the Prefect API (PREFECT_API_URL) answers its health check."""
+    import urllib.request
+
+    from prefect.settings import PREFECT_API_URL
+
+    try:
+        return urllib.request.urlopen(f"{PREFECT_API_URL.value()}/health", timeout=5).status == 200
+    except OSError:
+        return False
 
 
 def keep_watching_for_cancellation() -> None:

@@ -90,9 +90,10 @@ def test_a_run_cancelled_after_a_server_restart_stops(tmp_path, tiny_checkpoint,
                            "the cancelled run to stop")
         assert final.type == StateType.CANCELLED
         assert serve.poll() is None
-        # the fault did happen: the runner's cancellation polling failed while the server was away
-        # (unpatched Prefect stops watching for good there, and the run above would not stop)
-        assert "cancellation polling failed" in (tmp_path / "serve.log").read_text()
+        # the fault did happen: the runner's polling failed while the server was away (unpatched,
+        # Prefect stops watching for cancellations there, or the runner stops altogether)
+        log = (tmp_path / "serve.log").read_text()
+        assert "cancellation polling failed" in log or "lost the Prefect server" in log
     finally:
         settings.__exit__(None, None, None)
         if serve is not None:
