@@ -30,6 +30,10 @@ def reasoning_tokens(renderer: Renderer, trajectory: Trajectory) -> int:
 def decision_rows(results: Iterable[CoverResult], renderer: Renderer, ctx: CoverContext) -> Iterator[dict[str, Any]]:
     for result in results:
         turns = result.original.turns
+        render_mode = ctx.render_mode
+        if any(turn.tool_calls for turn in turns):
+            render_mode += f"+tools:{renderer.tool_mode}"  # the template's tool-call format, or the JSON fallback
+        action_spans = renderer.render(result.original).action_spans
         for entry in result.audit:
             t = entry["turn"]
             yield {
@@ -41,9 +45,9 @@ def decision_rows(results: Iterable[CoverResult], renderer: Renderer, ctx: Cover
                 "drops": [float(d) for d in entry["drops"]],
                 "max_drop": entry["max_drop"],
                 "reasoning_tokens": len(renderer.encode(turns[t].reasoning)),
-                "action_tokens": len(renderer.encode(turns[t].action)),
+                "action_tokens": action_spans[t][1] - action_spans[t][0],  # the scored tokens
                 "epsilon": ctx.epsilon,
                 "model_digest": ctx.model_digest,
                 "backend": ctx.backend,
-                "render_mode": ctx.render_mode,
+                "render_mode": render_mode,
             }

@@ -33,6 +33,7 @@ without a template) and recorded with the cover's decisions (`render_mode`).
 from __future__ import annotations
 
 import bisect
+import json
 import logging
 import re
 from collections.abc import Iterable, Sequence
@@ -42,7 +43,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from race_core.schema import Trajectory, Turn
+from race_core.schema import ToolCall, Trajectory, Turn, canonical_json
 
 OPEN_MARKER = "<think>"
 CLOSE_MARKER = "</think>"
@@ -106,11 +107,96 @@ class ChatWrappers:
         if not between.startswith(assistant_end):
             # Template closes assistant turns differently mid-conversation: keep all as context.
             assistant_end = ""
-        bos = getattr(tokenizer, "bos_token", None)
-        if bos and head.startswith(bos) and _adds_bos(tokenizer):
-            head = head[len(bos):]  # the tokenizer's own BOS is prepended once, below
-        return cls(head=head, user_to_assistant=user_to_assistant, assistant_end=assistant_end,
+        return cls(head=_without_bos(tokenizer, head), user_to_assistant=user_to_assistant, assistant_end=assistant_end,
                    assistant_to_user=between[len(assistant_end):])
+
+# -- tool calls (DESIGN §3) ---------------------------------------------------------------------
+_U1, _A1, _T1, _A2 = "\x00RACE_U1\x00", "\x00RACE_A1\x00", "\x00RACE_T1\x00", "\x00RACE_A2\x00"
+_SENTINEL_CALL = ToolCall("race_sentinel_tool", {"race_arg": "RACE_ARG_7f3a"})
+_SENTINEL_TOOL = {"type": "function", "function": {
+    "name": "race_sentinel_tool", "description": "sentinel",
+    "parameters": {"type": "object", "properties": {"race_arg": {"type": "string"}}}}}
+TOOLS_TEMPLATE, TOOLS_JSON = "template", "json"
+
+
+def call_messages(calls: Sequence[ToolCall]) -> list[dict]:
+    """The `tool_calls` of an assistant message as chat templates take them (transformers'
+    convention: arguments as an object). Ids are synthetic and fixed: the source's are never rendered."""
+    return [{"type": "function", "id": f"call{k:05d}", "function": {"name": c.name, "arguments": c.arguments}}
+            for k, c in enumerate(calls)]
+
+
+def _common_suffix(a: str, b: str) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[len(a) - 1 - n] == b[len(b) - 1 - n]:
+        n += 1
+    return n
+
+
+@dataclass(frozen=True)
+class ToolWrappers:
+    """How a chat template renders tool calls: after an assistant message's content the calls'
+    text (`call_text`), then `end` (closes the assistant message), `to_tool` (opens the tool
+    result), the result itself, then `tool_to_assistant` (closes it, opens the next assistant
+    message). Found from sentinel conversations like `ChatWrappers`."""
+
+    end: str
+    to_tool: str
+    tool_to_assistant: str
+
+    @staticmethod
+    def call_text(tokenizer, calls: Sequence[ToolCall]) -> str:
+        """The text the template writes for `calls` right after an assistant message's content:
+        the difference between the message rendered with and without them."""
+        without = tokenizer.apply_chat_template([{"role": "user", "content": _U1}, {"role": "assistant", "content": _A1}],
+                                                tokenize=False)
+        with_calls = tokenizer.apply_chat_template(
+            [{"role": "user", "content": _U1},
+             {"role": "assistant", "content": _A1, "tool_calls": call_messages(calls)}], tokenize=False)
+        io, iw = without.index(_A1) + len(_A1), with_calls.index(_A1) + len(_A1)
+        if with_calls[:iw] != without[:io]:
+            raise ValueError("the template renders an assistant message differently before its content "
+                             "when it has tool calls")
+        return with_calls[iw:len(with_calls) - _common_suffix(with_calls[iw:], without[io:])]
+
+    @classmethod
+    def from_template(cls, tokenizer) -> ToolWrappers:
+        """Raise ValueError (saying why) when the template cannot render tool calls after the content."""
+        conv = [{"role": "user", "content": _U1},
+                {"role": "assistant", "content": _A1, "tool_calls": call_messages([_SENTINEL_CALL])},
+                {"role": "tool", "content": _T1, "tool_call_id": "call00000", "name": _SENTINEL_CALL.name},
+                {"role": "assistant", "content": _A2}]
+        try:
+            text = tokenizer.apply_chat_template(conv, tools=[_SENTINEL_TOOL], tokenize=False)
+            call = cls.call_text(tokenizer, [_SENTINEL_CALL])
+            closing = tokenizer.apply_chat_template(conv[:2], tokenize=False)
+        except ValueError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a template that raises on tools is one without tool support
+            raise ValueError(f"the chat template fails on a tool-call conversation ({type(exc).__name__}: {exc})"
+                             ) from None
+        if _SENTINEL_CALL.name not in call or "RACE_ARG_7f3a" not in call:
+            raise ValueError("the chat template does not render tool calls")
+        if any(s not in text for s in (_U1, _A1, _T1, _A2)):
+            raise ValueError("the chat template drops content from a tool-call conversation")
+        ia, it, ia2 = text.index(_A1) + len(_A1), text.index(_T1), text.index(_A2)
+        if not text.startswith(call, ia) or ia + len(call) > it:
+            raise ValueError("the chat template does not render tool calls right after the message's content")
+        after = text[ia + len(call):it]
+        end = closing[closing.index(_A1) + len(_A1) + len(call):]
+        if not after.startswith(end):
+            end = ""  # closes a tool-call message differently mid-conversation: all of it context
+        return cls(end=end, to_tool=after[len(end):], tool_to_assistant=text[it + len(_T1):ia2])
+
+
+def tools_as_text(system: str, tools: Sequence[dict]) -> str:
+    """The system text of the JSON fallback (a template without tool support): the system prompt,
+    then the tools' schemas, one JSON object per line."""
+    lines = [json.dumps(tool, ensure_ascii=False) for tool in tools]
+    parts = [system] if system else []
+    if lines:
+        parts.append("Tools:\n" + "\n".join(lines))
+    return "\n\n".join(parts)
 
 
 def template_mode(tokenizer) -> str:
@@ -124,6 +210,14 @@ def template_mode(tokenizer) -> str:
             {"role": "user", "content": "o"}, {"role": "assistant", "content": "b"}]
     text = tokenizer.apply_chat_template(conv, tokenize=False)
     return "keeps-reasoning" if f"{OPEN_MARKER}{reasoning}{CLOSE_MARKER}" in text else "strips-reasoning"
+
+
+def _without_bos(tokenizer, head: str) -> str:
+    """`head` without the BOS text the template writes: the tokenizer's own BOS id is prepended once."""
+    bos = getattr(tokenizer, "bos_token", None)
+    if bos and head.startswith(bos) and _adds_bos(tokenizer):
+        return head[len(bos):]
+    return head
 
 
 def _adds_bos(tokenizer) -> bool:
@@ -180,6 +274,17 @@ PROBE_TURNS = (
     Turn(reasoning="Done:\t57 ✓ ", action="finish[57]", observation=""),
 )
 
+PROBE_SYSTEM = "You answer with tools. Ünïcode ✓"
+PROBE_TOOLS = ({"type": "function", "function": {"name": "search", "description": "Search the wiki.",
+                "parameters": {"type": "object", "properties": {"query": {"type": "string"}},
+                               "required": ["query"]}}},)
+PROBE_TOOL_TURNS = (
+    Turn(reasoning=" Look it up.\n", action=(ToolCall("search", {"query": "naïve 12 + 7"}),), observation="19"),
+    Turn(reasoning="", action=(ToolCall("search", {"query": "a"}), ToolCall("search", {"query": "b", "n": 2})),
+         observation=" first \n\nsecond"),
+    Turn(reasoning="Done:\t57 ✓ ", action="finish[57]", observation=""),
+)
+
 
 class Renderer:
     """Renders trajectories to token ids for one tokenizer (chat template or plain fallback)."""
@@ -191,8 +296,14 @@ class Renderer:
             use_chat_template = has_template
         if use_chat_template and not has_template:
             raise ValueError("use_chat_template=True but the tokenizer has no chat template")
+        self.use_chat_template = use_chat_template
         self.wrappers = (ChatWrappers.from_template(tokenizer) if use_chat_template
                          else ChatWrappers.plain(getattr(tokenizer, "eos_token", None)))
+        self._tool_wrappers: ToolWrappers | None = None
+        self._tool_mode: str | None = None
+        self.tool_fallback_reason: str | None = None
+        self._heads: dict[str, str] = {}
+        self._calls: dict[str, str] = {}
         self.template_mode = template_mode(tokenizer) if use_chat_template else "plain"
         self.bos_ids: tuple[int, ...] = (tokenizer.bos_token_id,) if _adds_bos(tokenizer) else ()
         self._encode = lru_cache(maxsize=65536)(self._encode_uncached)
@@ -216,6 +327,101 @@ class Renderer:
     def render_mode(self) -> str:
         """How this renderer tokenizes and what the template does with reasoning (for the record)."""
         return f"{self.tokenization}/{self.template_mode}"
+
+    def render_mode_of(self, trajectory: Trajectory) -> str:
+        """`render_mode`, plus how tool calls were rendered when the trajectory has any:
+        `+tools:template` (the template's own tool-call format) or `+tools:json` (the JSON text fallback)."""
+        has_calls = any(turn.tool_calls for turn in trajectory.turns)
+        return f"{self.render_mode}+tools:{self.tool_mode}" if has_calls else self.render_mode
+
+    # -- tool calls -----------------------------------------------------------------------------
+    @property
+    def tool_mode(self) -> str:
+        """`template` when the chat template renders tool calls and passes the check below, else
+        `json` (each call rendered as the text action `{"name": ..., "arguments": ...}`, the tools'
+        schemas as text in the system message); the reason is logged once. Decided on first use.
+
+        The check: a probe conversation (system, tools, a call, parallel calls, a text action) renders
+        through the pieces to exactly the template's own text (for templates that keep past reasoning;
+        those that strip it are rendered with the reasoning kept, by design)."""
+        if self._tool_mode is None:
+            self._tool_mode, self.tool_fallback_reason = TOOLS_JSON, "no chat template"
+            if self.use_chat_template:
+                try:
+                    self._tool_wrappers = ToolWrappers.from_template(self.tokenizer)
+                    self._tool_mode = TOOLS_TEMPLATE
+                    self.tool_fallback_reason = self._tool_problem()
+                except ValueError as exc:
+                    self.tool_fallback_reason = str(exc)
+                if self.tool_fallback_reason:
+                    self._tool_mode, self._tool_wrappers = TOOLS_JSON, None
+                    self._heads.clear()
+            if self.tool_fallback_reason:
+                name = getattr(self.tokenizer, "name_or_path", "") or type(self.tokenizer).__name__
+                log.warning("tokenizer %s: tool calls rendered as JSON text actions: %s", name,
+                            self.tool_fallback_reason)
+        return self._tool_mode
+
+    def _tool_problem(self) -> str | None:
+        if self.template_mode != "keeps-reasoning":
+            return None
+        probe = Trajectory(PROBE_QUESTION, "probe", "probe", PROBE_TOOL_TURNS, system=PROBE_SYSTEM, tools=PROBE_TOOLS)
+        ours = "".join(text for text, _, _ in self.segments(probe.question, probe.turns, system=probe.system,
+                                                             tools=probe.tools))
+        theirs = _without_bos(self.tokenizer, self.tokenizer.apply_chat_template(
+            self.chat_messages(probe), tools=list(probe.tools), tokenize=False))
+        if ours != theirs:
+            return "its rendering of a tool-call conversation differs from the pieces found with sentinels"
+        return None
+
+    def call_text(self, calls: Sequence[ToolCall]) -> str:
+        """The template's text of a turn's tool calls (cached: calls recur across candidates)."""
+        key = canonical_json([[c.name, c.arguments] for c in calls]) + json.dumps([list(c.arguments) for c in calls])
+        if key not in self._calls:
+            self._calls[key] = ToolWrappers.call_text(self.tokenizer, calls)
+        return self._calls[key]
+
+    def head(self, system: str = "", tools: Sequence[dict] = ()) -> str:
+        """The text before the question: the conversation's opening with the system prompt and the
+        tools (the template's own rendering of them, or their JSON text in the system message)."""
+        if not system and not tools:
+            return self.wrappers.head
+        key = json.dumps([system, list(tools)], ensure_ascii=False)
+        if key not in self._heads:
+            self._heads[key] = self._head_uncached(system, tools)
+        return self._heads[key]
+
+    def _head_uncached(self, system: str, tools: Sequence[dict]) -> str:
+        native = bool(tools) and self.tool_mode == TOOLS_TEMPLATE
+        text = system if native else tools_as_text(system, tools)
+        if not self.use_chat_template:
+            return f"System: {text}\n\n{self.wrappers.head}"
+        conv = ([{"role": "system", "content": text}] if text else []) + [{"role": "user", "content": _U1}]
+        try:
+            rendered = self.tokenizer.apply_chat_template(conv, tools=list(tools) if native else None, tokenize=False)
+        except Exception:  # noqa: BLE001 - a template without a system role: the text opens the user message
+            return f"{self.wrappers.head}{text}\n\n"
+        return _without_bos(self.tokenizer, rendered[:rendered.index(_U1)])
+
+    def chat_messages(self, trajectory: Trajectory) -> list[dict]:
+        """The trajectory as the chat messages the template would be given (what `segments`
+        renders, for checks): reasoning as a think block opening each assistant message."""
+        native = self.tool_mode == TOOLS_TEMPLATE
+        system = trajectory.system if native else tools_as_text(trajectory.system, trajectory.tools)
+        messages: list[dict] = [{"role": "system", "content": system}] if system else []
+        messages.append({"role": "user", "content": trajectory.question})
+        for t, turn in enumerate(trajectory.turns):
+            calls = turn.tool_calls if native else ()
+            content = f"{OPEN_MARKER}{turn.reasoning}{CLOSE_MARKER}"
+            if calls:
+                messages.append({"role": "assistant", "content": content, "tool_calls": call_messages(calls)})
+            else:
+                messages.append({"role": "assistant", "content": content + ACTION_PREFIX + turn.action_text})
+            if t + 1 < len(trajectory.turns) or turn.observation:
+                messages.append({"role": "tool", "content": turn.observation, "tool_call_id": "call00000",
+                                 "name": calls[0].name} if calls else
+                                {"role": "user", "content": OBSERVATION_PREFIX + turn.observation})
+        return messages
 
     # -- tokenization ---------------------------------------------------------------------------
     def _encode_uncached(self, text: str) -> tuple[int, ...]:
@@ -290,36 +496,58 @@ class Renderer:
         return Tokens(ids, turns, roles, spans)
 
     # -- rendering ------------------------------------------------------------------------------
-    def segments(self, question: str, turns: Sequence[Turn], open_next: bool = False) -> list[Segment]:
+    def segments(self, question: str, turns: Sequence[Turn], open_next: bool = False, system: str = "",
+                 tools: Sequence[dict] = ()) -> list[Segment]:
         """(text, turn, role) pieces in order: the one place that says how a trajectory renders.
-        `open_next` ends with the opening of the next assistant message (a prompt for it)."""
+        `open_next` ends with the opening of the next assistant message (a prompt for it).
+
+        A tool-call turn, with a template that renders tool calls: the think block, then the
+        template's text of the calls (its leading whitespace is the action prefix, the rest the
+        action), the message's end, and the observation as the template's tool result. Otherwise
+        (text actions, or the JSON fallback) `\\nAction: {action text}` and a user observation."""
         w = self.wrappers
-        out: list[Segment] = [(w.head, -1, Role.CONTEXT), (question, -1, Role.CONTEXT),
+        native = any(turn.tool_calls for turn in turns) and self.tool_mode == TOOLS_TEMPLATE
+        out: list[Segment] = [(self.head(system, tools), -1, Role.CONTEXT), (question, -1, Role.CONTEXT),
                               (w.user_to_assistant, -1, Role.CONTEXT)]
         for t, turn in enumerate(turns):
-            out += [(OPEN_MARKER, t, Role.OPEN), (turn.reasoning, t, Role.REASONING), (CLOSE_MARKER, t, Role.CLOSE),
-                    (ACTION_PREFIX, t, Role.ACTION_PREFIX), (turn.action, t, Role.ACTION),
-                    (w.assistant_end, t, Role.END)]
+            calls = turn.tool_calls if native else ()
+            out += [(OPEN_MARKER, t, Role.OPEN), (turn.reasoning, t, Role.REASONING), (CLOSE_MARKER, t, Role.CLOSE)]
+            if calls:
+                text = self.call_text(calls)
+                lead = len(text) - len(text.lstrip())
+                out += [(text[:lead], t, Role.ACTION_PREFIX), (text[lead:], t, Role.ACTION),
+                        (self._tool_wrappers.end, t, Role.END)]
+            else:
+                out += [(ACTION_PREFIX, t, Role.ACTION_PREFIX), (turn.action_text, t, Role.ACTION),
+                        (w.assistant_end, t, Role.END)]
             last = t + 1 == len(turns)
             if not last or turn.observation or open_next:
-                out += self.observation_segments(t, turn.observation, open_next=not last or open_next)
+                out += self.observation_segments(t, turn.observation, open_next=not last or open_next,
+                                                 tool_result=bool(calls))
         return out
 
-    def observation_segments(self, turn: int, observation: str, open_next: bool) -> list[Segment]:
-        """What follows turn `turn`'s assistant message: its observation as a user message, then
-        (`open_next`) the opening of the next assistant message."""
+    def observation_segments(self, turn: int, observation: str, open_next: bool,
+                             tool_result: bool = False) -> list[Segment]:
+        """What follows turn `turn`'s assistant message: its observation as a user message (or,
+        `tool_result`, as the template's tool message), then (`open_next`) the opening of the next
+        assistant message."""
+        if tool_result:
+            tw = self._tool_wrappers
+            out: list[Segment] = [(tw.to_tool, turn, Role.CONTEXT), (observation, turn, Role.OBSERVATION)]
+            return out + [(tw.tool_to_assistant, turn, Role.CONTEXT)] if open_next else out
         w = self.wrappers
-        out: list[Segment] = [(w.assistant_to_user, turn, Role.CONTEXT),
-                              (OBSERVATION_PREFIX + observation, turn, Role.OBSERVATION)]
+        out = [(w.assistant_to_user, turn, Role.CONTEXT), (OBSERVATION_PREFIX + observation, turn, Role.OBSERVATION)]
         if open_next:
             out.append((w.user_to_assistant, turn, Role.CONTEXT))
         return out
 
     def render(self, trajectory: Trajectory) -> Rendered:
-        return self.render_turns(trajectory.question, trajectory.turns)
+        return self.render_turns(trajectory.question, trajectory.turns, system=trajectory.system,
+                                 tools=trajectory.tools)
 
-    def render_turns(self, question: str, turns: Sequence[Turn]) -> Rendered:
-        segments = self.segments(question, turns)
+    def render_turns(self, question: str, turns: Sequence[Turn], system: str = "",
+                     tools: Sequence[dict] = ()) -> Rendered:
+        segments = self.segments(question, turns, system=system, tools=tools)
         tokens = self.tokenize(segments)
         bos = list(self.bos_ids)
         shift = len(bos)
@@ -334,10 +562,12 @@ class Renderer:
             action_spans=action_spans,
         )
 
-    def prompt_ids(self, question: str, turns: Sequence[Turn]) -> list[int]:
+    def prompt_ids(self, question: str, turns: Sequence[Turn], system: str = "", tools: Sequence[dict] = ()
+                   ) -> list[int]:
         """Ids of the context in which the policy writes the next turn: the history (each past
         turn with its observation), then the assistant opening, ending right before `<think>`."""
-        return list(self.bos_ids) + self.tokenize(self.segments(question, turns, open_next=bool(turns))).ids
+        segments = self.segments(question, turns, open_next=bool(turns), system=system, tools=tools)
+        return list(self.bos_ids) + self.tokenize(segments).ids
 
     @property
     def open_ids(self) -> tuple[int, ...]:

@@ -1,6 +1,9 @@
 """Trajectory data contract (DESIGN §2).
 
-A trajectory is a question followed by turns of (reasoning, action, observation). Only successful
+A trajectory is a question followed by turns of (reasoning, action, observation), optionally with a
+`system` prompt and the `tools` (JSON schemas) the agent was given. An action is text
+(`calc[3+4]`) or tool calls: one `{"name", "arguments"}` object or a list of them (parallel calls,
+one turn). Only successful
 training trajectories are RACE inputs: every rule below has its own error code so a reject says
 exactly what was wrong, and `read_jsonl` keeps going past bad lines, collecting them as rejects.
 One bad line costs that line only: whatever Python raises while reading it becomes its reject, and
@@ -38,12 +41,15 @@ TOO_DEEP = "too_deep"
 EXTRA_TOO_LARGE = "extra_too_large"
 LINE_TOO_LONG = "line_too_long"
 UNREADABLE = "unreadable"  # anything else Python raised while reading the line (or a corrupt gzip stream)
+BAD_TOOL_CALL = "bad_tool_call"  # a tool call without a non-empty name, arguments not an object, ...
+BAD_TOOLS = "bad_tools"  # `tools` not a list of JSON-schema objects
 ERROR_CODES = (NOT_JSON, NOT_OBJECT, MISSING_FIELD, EMPTY_FIELD, WRONG_TYPE, BAD_SPLIT, NOT_SUCCESSFUL,
                BAD_TURNS, EMPTY_TURNS, BAD_TURN, EMPTY_ACTION, FIELD_TOO_LARGE, BAD_ID, BAD_TEXT,
-               NON_FINITE_NUMBER, TOO_DEEP, EXTRA_TOO_LARGE, LINE_TOO_LONG, UNREADABLE)
+               NON_FINITE_NUMBER, TOO_DEEP, EXTRA_TOO_LARGE, LINE_TOO_LONG, UNREADABLE, BAD_TOOL_CALL, BAD_TOOLS)
 
 REQUIRED_TEXT_FIELDS = ("question", "environment", "source_revision")
-KNOWN_FIELDS = {*REQUIRED_TEXT_FIELDS, "split", "successful", "turns", "id"}
+KNOWN_FIELDS = {*REQUIRED_TEXT_FIELDS, "split", "successful", "turns", "id", "system", "tools"}
+TOOL_CALL_KEYS = ("name", "arguments", "id")
 
 
 class SchemaError(ValueError):
@@ -71,13 +77,65 @@ DEFAULT_LIMITS = Limits()
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """One call of a tool: its name and its arguments (a JSON object). `id` is the source's call id,
+    kept (and hashed with the turn) but never rendered."""
+
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    id: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "arguments": self.arguments}
+        if self.id:
+            out["id"] = self.id
+        return out
+
+
+Action = str | tuple[ToolCall, ...]
+
+
+@dataclass(frozen=True)
 class Turn:
+    """`action` is the action text, or the turn's tool calls in call order (parallel calls stay
+    one turn; their observations are joined into `observation`)."""
+
     reasoning: str
-    action: str
+    action: Action
     observation: str = ""
 
-    def to_dict(self) -> dict[str, str]:
-        return {"reasoning": self.reasoning, "action": self.action, "observation": self.observation}
+    def __post_init__(self) -> None:
+        if not isinstance(self.action, str):
+            object.__setattr__(self, "action", tuple(self.action))
+
+    @property
+    def tool_calls(self) -> tuple[ToolCall, ...]:
+        """The turn's tool calls; () for a text action."""
+        return () if isinstance(self.action, str) else self.action
+
+    @property
+    def action_text(self) -> str:
+        """The action as text: itself, or its tool calls as JSON (the rendering of tool calls when
+        the chat template has no tool support, DESIGN §3)."""
+        return self.action if isinstance(self.action, str) else tool_calls_text(self.action)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"reasoning": self.reasoning, "action": action_to_json(self.action), "observation": self.observation}
+
+
+def action_to_json(action: Action) -> Any:
+    """The contract's form of an action: the text, one call object, or a list of call objects."""
+    if isinstance(action, str):
+        return action
+    calls = [call.to_dict() for call in action]
+    return calls[0] if len(calls) == 1 else calls
+
+
+def tool_calls_text(calls: tuple[ToolCall, ...]) -> str:
+    """Tool calls as JSON text, `{"name": ..., "arguments": {...}}` (a list for parallel calls),
+    keys in the source's order, non-ASCII kept."""
+    objects = [{"name": call.name, "arguments": call.arguments} for call in calls]
+    return json.dumps(objects[0] if len(objects) == 1 else objects, ensure_ascii=False)
 
 
 @dataclass(frozen=True)
@@ -90,9 +148,12 @@ class Trajectory:
     successful: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
     id: str = ""
+    system: str = ""  # the system prompt the agent ran with ("" when the source has none)
+    tools: tuple[dict[str, Any], ...] = ()  # the tools' JSON schemas, as the source gave them
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "turns", tuple(self.turns))
+        object.__setattr__(self, "tools", tuple(self.tools))
         if not self.id:
             object.__setattr__(self, "id", trajectory_id(self))
 
@@ -131,6 +192,13 @@ class Trajectory:
         if limits.max_turns and len(raw_turns) > limits.max_turns:
             raise SchemaError(FIELD_TOO_LARGE, "turns", f"{len(raw_turns)} turns exceed the limit of {limits.max_turns}")
         turns = [_turn_from_dict(i, t, limits) for i, t in enumerate(raw_turns)]
+        system = d.get("system")
+        if system is None:
+            system = ""
+        if not isinstance(system, str):
+            raise SchemaError(WRONG_TYPE, "system", f"must be a string, got {type(system).__name__}")
+        _check_size("system", system, limits)
+        tools = _tools_from_json(d.get("tools"))
         given_id = d.get("id")
         if given_id is not None and (not isinstance(given_id, str) or not given_id.strip()):
             raise SchemaError(BAD_ID, "id", "must be a non-empty string when given")
@@ -144,6 +212,8 @@ class Trajectory:
             split="train",
             successful=True,
             extra=extra,
+            system=system,
+            tools=tools,
         )
         if given_id is not None and given_id != trajectory.id:
             # The id is ours (a content hash); a different one from the source is kept, not trusted.
@@ -160,6 +230,10 @@ class Trajectory:
             "successful": self.successful,
             "turns": [t.to_dict() for t in self.turns],
         }
+        if self.system:
+            out["system"] = self.system
+        if self.tools:
+            out["tools"] = list(self.tools)
         out.update({k: v for k, v in self.extra.items() if k not in out})
         return out
 
@@ -225,12 +299,8 @@ def _turn_from_dict(i: int, t: Any, limits: Limits) -> Turn:
         raise SchemaError(BAD_TURN, where, f"must be an object, got {type(t).__name__}")
     if "action" not in t:
         raise SchemaError(EMPTY_ACTION, f"{where}.action", "is required")
-    action = t["action"]
-    if not isinstance(action, str):
-        raise SchemaError(WRONG_TYPE, f"{where}.action", f"must be a string, got {type(action).__name__}")
-    if not action.strip():
-        raise SchemaError(EMPTY_ACTION, f"{where}.action", "must not be empty")
-    values = {"action": action}
+    action = _action_from_json(t["action"], f"{where}.action")
+    values = {"action": action} if isinstance(action, str) else {}
     for name in ("reasoning", "observation"):
         value = t.get(name, "")
         if value is None:
@@ -240,7 +310,66 @@ def _turn_from_dict(i: int, t: Any, limits: Limits) -> Turn:
         values[name] = value
     for name, value in values.items():
         _check_size(f"{where}.{name}", value, limits)
-    return Turn(reasoning=values["reasoning"], action=values["action"], observation=values["observation"])
+    if not isinstance(action, str):
+        _check_size(f"{where}.action", tool_calls_text(action), limits)
+    return Turn(reasoning=values["reasoning"], action=action, observation=values["observation"])
+
+
+def _action_from_json(action: Any, where: str) -> Action:
+    """A text action, one tool call object, or a non-empty list of them (DESIGN §2)."""
+    if isinstance(action, str):
+        if not action.strip():
+            raise SchemaError(EMPTY_ACTION, where, "must not be empty")
+        return action
+    if isinstance(action, dict):
+        return (_tool_call_from_json(action, where),)
+    if isinstance(action, list):
+        if not action:
+            raise SchemaError(EMPTY_ACTION, where, "a list of tool calls must not be empty")
+        return tuple(_tool_call_from_json(call, f"{where}[{k}]") for k, call in enumerate(action))
+    raise SchemaError(WRONG_TYPE, where, f"must be a string, a tool call object or a list of them, "
+                                         f"got {type(action).__name__}")
+
+
+def _tool_call_from_json(call: Any, where: str) -> ToolCall:
+    if not isinstance(call, dict):
+        raise SchemaError(BAD_TOOL_CALL, where, f"a tool call must be an object, got {type(call).__name__}")
+    unknown = sorted(set(call) - set(TOOL_CALL_KEYS))
+    if unknown:
+        hint = " (an OpenAI-style message? see `race import --format openai`)" if "function" in unknown else ""
+        raise SchemaError(BAD_TOOL_CALL, f"{where}.{unknown[0]}",
+                          f"unknown key in a tool call; a call has {list(TOOL_CALL_KEYS[:2])} (and an optional id){hint}")
+    name = call.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise SchemaError(BAD_TOOL_CALL, f"{where}.name", f"must be a non-empty string, got {name!r}")
+    arguments = call.get("arguments", {})
+    if not isinstance(arguments, dict):
+        hint = " (a JSON string? decode it first, or import with --format openai)" if isinstance(arguments, str) else ""
+        raise SchemaError(BAD_TOOL_CALL, f"{where}.arguments",
+                          f"must be a JSON object, got {type(arguments).__name__}{hint}")
+    call_id = call.get("id", "")
+    if call_id is None:
+        call_id = ""
+    if not isinstance(call_id, str):
+        raise SchemaError(BAD_TOOL_CALL, f"{where}.id", f"must be a string when given, got {type(call_id).__name__}")
+    return ToolCall(name=name, arguments=arguments, id=call_id)
+
+
+def _tools_from_json(tools: Any) -> tuple[dict[str, Any], ...]:
+    """`tools`: absent, null or a list of JSON-schema objects (OpenAI `{"type": "function",
+    "function": {...}}` or a bare `{"name", "parameters", ...}`), kept as given for the template."""
+    if tools is None:
+        return ()
+    if not isinstance(tools, list):
+        raise SchemaError(BAD_TOOLS, "tools", f"must be a list of JSON-schema objects, got {type(tools).__name__}")
+    for k, tool in enumerate(tools):
+        if not isinstance(tool, dict):
+            raise SchemaError(BAD_TOOLS, f"tools[{k}]", f"must be a JSON-schema object, got {type(tool).__name__}")
+        spec = tool.get("function", tool)
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not spec["name"].strip():
+            raise SchemaError(BAD_TOOLS, f"tools[{k}]", "has no non-empty name (expected {\"name\", \"parameters\"} "
+                                                        "or {\"type\": \"function\", \"function\": {...}})")
+    return tuple(tools)
 
 
 def canonical_json(obj: Any) -> str:
@@ -249,8 +378,12 @@ def canonical_json(obj: Any) -> str:
 
 
 def trajectory_id(t: Trajectory) -> str:
-    """sha256 of the canonical JSON of (question, environment, source_revision, turns)."""
-    payload = [t.question, t.environment, t.source_revision, [x.to_dict() for x in t.turns]]
+    """sha256 of the canonical JSON of (question, environment, source_revision, turns), with
+    (system, tools) appended when the trajectory has either: the ids of trajectories without them
+    are those of earlier versions."""
+    payload: list[Any] = [t.question, t.environment, t.source_revision, [x.to_dict() for x in t.turns]]
+    if t.system or t.tools:
+        payload += [t.system, list(t.tools)]
     return hashlib.sha256(canonical_json(payload).encode("utf-8")).hexdigest()
 
 

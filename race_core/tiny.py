@@ -84,7 +84,7 @@ def _episode_texts(seed: int, n: int) -> list[str]:
     for trajectory in expert_dataset(n, seed + 7919, empty_reasoning_share=0.0):
         lines.append(trajectory.question)
         for turn in trajectory.turns:  # the segments the renderer encodes one by one
-            lines.extend((turn.reasoning, ACTION_PREFIX, turn.action, OBSERVATION_PREFIX + turn.observation))
+            lines.extend((turn.reasoning, ACTION_PREFIX, turn.action_text, OBSERVATION_PREFIX + turn.observation))
     return lines
 
 

@@ -25,7 +25,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from race_core.schema import Reject, Trajectory, Turn, canonical_json
+from race_core.schema import Reject, ToolCall, Trajectory, Turn, canonical_json
 from storage.store import ArtifactStore
 
 DEFAULT_ROW_GROUP = 8192
@@ -35,8 +35,9 @@ KINDS = ("trajectories", "rejects", "decisions", "compressed")
 TURN_TYPE = pa.struct(
     [
         pa.field("reasoning", pa.string()),
-        pa.field("action", pa.string()),
+        pa.field("action", pa.string()),  # the action text; for tool calls their JSON text (Turn.action_text)
         pa.field("observation", pa.string()),
+        pa.field("tool_calls", pa.string()),  # JSON list of {name, arguments[, id]}; null for a text action
     ]
 )
 
@@ -54,6 +55,8 @@ _TRAJECTORY_FIELDS = [
     pa.field("successful", pa.bool_()),
     pa.field("turns", pa.list_(TURN_TYPE)),
     pa.field("extra", pa.string()),  # JSON object of the input keys outside the contract
+    pa.field("system", pa.string()),  # the system prompt ("" when none)
+    pa.field("tools", pa.string()),  # JSON list of the tools' schemas ("[]" when none)
 ]
 
 TRAJECTORIES_SCHEMA = _schema("trajectories", _TRAJECTORY_FIELDS)
@@ -127,9 +130,29 @@ def trajectory_row(t: Trajectory) -> dict[str, Any]:
         "source_revision": t.source_revision,
         "split": t.split,
         "successful": t.successful,
-        "turns": [turn.to_dict() for turn in t.turns],
+        "turns": [_turn_row(turn) for turn in t.turns],
         "extra": canonical_json(t.extra),
+        "system": t.system,
+        "tools": _ordered_json(list(t.tools)),
     }
+
+
+def _turn_row(turn: Turn) -> dict[str, Any]:
+    calls = turn.tool_calls
+    return {"reasoning": turn.reasoning, "action": turn.action_text, "observation": turn.observation,
+            "tool_calls": _ordered_json([call.to_dict() for call in calls]) if calls else None}
+
+
+def _ordered_json(value: Any) -> str:
+    """JSON keeping the keys' order: chat templates render arguments and schemas in that order."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _turn_of_row(x: Mapping[str, Any]) -> Turn:
+    calls = x.get("tool_calls")
+    action = (tuple(ToolCall(c["name"], c["arguments"], c.get("id", "")) for c in json.loads(calls)) if calls
+              else x["action"])
+    return Turn(reasoning=x["reasoning"] or "", action=action, observation=x["observation"] or "")
 
 
 def compressed_row(
@@ -154,10 +177,8 @@ def compressed_row(
 def row_to_trajectory(row: Mapping[str, Any]) -> Trajectory:
     """The Trajectory of a `trajectories` or `compressed` row (dict, pandas row or Arrow pylist)."""
     extra = row.get("extra")
-    turns = tuple(
-        Turn(reasoning=x["reasoning"] or "", action=x["action"], observation=x["observation"] or "")
-        for x in row["turns"]
-    )
+    turns = tuple(_turn_of_row(x) for x in row["turns"])
+    tools = row.get("tools")
     return Trajectory(
         question=row["question"],
         environment=row["environment"],
@@ -167,6 +188,8 @@ def row_to_trajectory(row: Mapping[str, Any]) -> Trajectory:
         successful=bool(row["successful"]),
         extra=json.loads(extra) if extra else {},
         id=row["id"],
+        system=row.get("system") or "",
+        tools=tuple(json.loads(tools)) if tools else (),
     )
 
 

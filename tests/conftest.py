@@ -33,6 +33,16 @@ def smollm2_checkpoint():
 
 
 @pytest.fixture(scope="session")
+def smollm2_tools_checkpoint(smollm2_checkpoint):
+    """The SmolLM2 checkpoint with the shipped ChatML-with-tools template (its own renders no tool
+    calls): what `race model smollm2 --chat-template chatml-tools` builds. Weights linked."""
+    from race_core.chat_templates import with_chat_template
+
+    return with_chat_template(smollm2_checkpoint, "chatml-tools",
+                              smollm2_checkpoint.with_name(smollm2_checkpoint.name + "-chatml-tools"))
+
+
+@pytest.fixture(scope="session")
 def tiny_policy(tiny_checkpoint):
     from race_core.policy import load_policy
 

@@ -49,6 +49,21 @@ CASES = [
     (good(turns=[{"reasoning": "r", "action": "a", "observation": float("inf")}]), schema.NON_FINITE_NUMBER, "turns"),
     (good(tree=json.loads("[" * 150 + "]" * 150)), schema.TOO_DEEP, "<record>"),
     (good(small="s", blob="x" * (2 << 20)), schema.EXTRA_TOO_LARGE, "blob"),
+    # tool calls (DESIGN §2): a call needs a non-empty name and object arguments
+    (good(turns=[{"action": {"arguments": {}}}]), schema.BAD_TOOL_CALL, "turns[0].action.name"),
+    (good(turns=[{"action": {"name": " ", "arguments": {}}}]), schema.BAD_TOOL_CALL, "turns[0].action.name"),
+    (good(turns=[{"action": {"name": "f", "arguments": '{"x": 1}'}}]), schema.BAD_TOOL_CALL,
+     "turns[0].action.arguments"),
+    (good(turns=[{"action": [{"name": "f", "arguments": {}}, "g"]}]), schema.BAD_TOOL_CALL, "turns[0].action[1]"),
+    (good(turns=[{"action": {"type": "function", "function": {"name": "f"}}}]), schema.BAD_TOOL_CALL,
+     "turns[0].action.function"),
+    (good(turns=[{"action": []}]), schema.EMPTY_ACTION, "turns[0].action"),
+    (good(turns=[{"action": 7}]), schema.WRONG_TYPE, "turns[0].action"),
+    (good(turns=[{"action": {"name": "f", "arguments": {"q": "x" * 101}}}]), schema.FIELD_TOO_LARGE,
+     "turns[0].action"),
+    (good(system=["s"]), schema.WRONG_TYPE, "system"),
+    (good(tools={"name": "f"}), schema.BAD_TOOLS, "tools"),
+    (good(tools=[{"description": "no name"}]), schema.BAD_TOOLS, "tools[0]"),
 ]
 
 
@@ -59,6 +74,33 @@ def test_each_rule_is_rejected_with_its_code(record, code, field):
     assert info.value.code == code
     assert info.value.field == field
     assert field in str(info.value)
+
+
+def test_tool_calls_system_and_tools_round_trip_and_enter_the_id():
+    tools = [{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]
+    record = good(system="Be brief.", tools=tools, turns=[
+        {"reasoning": "look", "action": {"name": "search", "arguments": {"q": "ü", "k": 2}, "id": "c1"},
+         "observation": "hit"},
+        {"reasoning": "", "action": [{"name": "search", "arguments": {"q": "a"}}, {"name": "open", "arguments": {}}],
+         "observation": "A\nB"},
+        {"reasoning": "done", "action": "finish[5]"}])
+    t = Trajectory.from_dict(record)
+    first, parallel, last = t.turns
+    assert [(c.name, c.arguments, c.id) for c in first.tool_calls] == [("search", {"q": "ü", "k": 2}, "c1")]
+    assert [c.name for c in parallel.tool_calls] == ["search", "open"] and parallel.observation == "A\nB"
+    assert last.tool_calls == () and last.action_text == "finish[5]"
+    assert json.loads(first.action_text) == {"name": "search", "arguments": {"q": "ü", "k": 2}}  # ids never rendered
+    assert json.loads(parallel.action_text) == [{"name": "search", "arguments": {"q": "a"}},
+                                                {"name": "open", "arguments": {}}]
+    assert (t.system, t.tools) == ("Be brief.", tuple(tools))
+    again = Trajectory.from_dict(t.to_dict())
+    assert again == t and again.id == t.id
+    assert t.to_dict()["turns"][0]["action"] == record["turns"][0]["action"]
+    # system and tools are part of the identity; without them the id is that of a text-only record
+    assert Trajectory.from_dict({**record, "system": "Be long."}).id != t.id
+    assert Trajectory.from_dict({**record, "tools": []}).id != t.id
+    plain = good()
+    assert Trajectory.from_dict(plain).id == Trajectory.from_dict({**plain, "system": None, "tools": None}).id
 
 
 def test_every_error_code_is_distinct_and_exercised():
