@@ -7,13 +7,33 @@ observation, substitutes it into later steps and ends with `finish[<result>]`. I
 earlier results) so that a cover has something to remove; a share of turns after the first has
 empty reasoning so that a policy also learns the no-reasoning mode. Texts use a small vocabulary
 (digits, + - * / ( ) = and a few English words) for tiny tokenizers.
+
+`KindsExpertPolicy` (`expert_dataset(..., reasoning_kinds=True)`) is the expert whose reasoning can
+matter, across turns or not, so that an ablation can tell a cover that checks every later action
+from one that checks only the turn's own. It works some operations out in its head instead of
+calling the calculator (an operation on two literal numbers, + - or *), and writes the result only
+in its reasoning. Each turn's reasoning is of one kind, recorded per turn in the trajectory's
+`extra["reasoning_kinds"]`:
+
+- `later`: a result worked out now and used by a later action only (the turn's own action does
+  not use it): removing it leaves this action as likely and makes a later one less likely.
+- `current`: a result worked out now and used by this turn's action (an operand of its `calc`,
+  or the number it finishes with).
+- `redundant`: a restatement of the question, the results the observations already gave, and
+  the next step (the only kind `ExpertPolicy` writes after turn 0): nothing an action needs.
+- `empty`: no reasoning.
+
+Turn 0 states the plan and also carries the notes due at turn 0; it is labelled by its notes
+(`redundant` without any). The cover never removes turn 0's reasoning.
 """
 
 from __future__ import annotations
 
 import random
 import re
+from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import replace
 from fractions import Fraction
 
 from race_core.envs.calculator import (
@@ -24,6 +44,7 @@ from race_core.envs.calculator import (
     Episode,
     Node,
     Num,
+    fold,
     format_value,
     generate_tasks,
     parse_expression,
@@ -123,6 +144,102 @@ class ExpertPolicy:
         return reasoning, action
 
 
+LATER, CURRENT, REDUNDANT, EMPTY = "later", "current", "redundant", "empty"
+REASONING_KINDS = (LATER, CURRENT, REDUNDANT, EMPTY)
+MENTAL_OPS = "+-*"  # worked out in the head when both operands are literal numbers
+DEFAULT_MENTAL_SHARE = 0.7  # of the eligible operations
+DEFAULT_LATER_SHARE = 0.6  # of the mental results whose use is two or more turns away: noted early
+
+_LATER_NOTE = ("I also work out {step} = {value} now; a later step needs it.",
+               "Note for later: {step} = {value}.")
+_CURRENT_NOTE = ("I work out {step} = {value}, which this step needs.",
+                 "{step} = {value}, so I use {value} now.")
+
+
+class KindsExpertPolicy(ExpertPolicy):
+    """The expert with reasoning of the kinds in the module docstring. `kinds[t]` is turn t's."""
+
+    def __init__(self, rng: random.Random, empty_reasoning_share: float = DEFAULT_EMPTY_REASONING_SHARE,
+                 mental_share: float = DEFAULT_MENTAL_SHARE, later_share: float = DEFAULT_LATER_SHARE):
+        super().__init__(rng, empty_reasoning_share)
+        for name, share in (("mental_share", mental_share), ("later_share", later_share)):
+            if not 0.0 <= share <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {share}")
+        self.mental_share = mental_share
+        self.later_share = later_share
+        self.mental: set[int] = set()  # id() of the operations worked out in the head
+        self.notes: dict[int, list[tuple[str, BinOp]]] = defaultdict(list)  # turn -> (kind, operation)
+        self.kinds: list[str] = []
+
+    def _read_question(self, question: str) -> None:
+        super()._read_question(question)
+        parents = {id(child): op for op in self.plan for child in (op.left, op.right)}
+        eligible = [op for op in self.plan
+                    if op.op in MENTAL_OPS and isinstance(op.left, Num) and isinstance(op.right, Num)]
+        self.mental = {id(op) for op in eligible if self.rng.random() < self.mental_share}
+        full_plan = self.plan
+        self.plan = [op for op in full_plan if id(op) not in self.mental]  # the calc steps
+        step_of = {id(op): k for k, op in enumerate(self.plan)}
+        for op in full_plan:
+            if id(op) not in self.mental:
+                continue
+            parent = parents.get(id(op))  # never mental itself: it has an operation as an operand
+            use = step_of[id(parent)] if parent is not None else len(self.plan)  # the root: the finish turn
+            if use >= 2 and self.rng.random() < self.later_share:
+                self.notes[self.rng.randint(1, use - 1)].append((LATER, op))
+            else:
+                self.notes[use].append((CURRENT, op))
+
+    def __call__(self, question: str, turns: Sequence[Turn]) -> tuple[str, str]:
+        if not self.plan and not self.mental:
+            self._read_question(question)
+        results = [parse_number(t.observation) for t in turns]
+        if any(r is None for r in results):
+            raise RuntimeError(f"unexpected observation in expert episode: {[t.observation for t in turns]}")
+        step_of = {id(op): k for k, op in enumerate(self.plan)}
+
+        def operand(node: Node) -> str:
+            if isinstance(node, Num):
+                return _operand_text(node.value)
+            if id(node) in self.mental:
+                return _operand_text(fold(node))
+            return _operand_text(results[step_of[id(node)]])
+
+        k = len(turns)
+        final = fold(parse_expression(self.expression)) if k == len(self.plan) else None
+        notes = [self.rng.choice(_LATER_NOTE if kind == LATER else _CURRENT_NOTE).format(
+                 step=f"{operand(op.left)} {op.op} {operand(op.right)}", value=_operand_text(fold(op)))
+                 for kind, op in self.notes.get(k, [])]
+        if k < len(self.plan):
+            op = self.plan[k]
+            step = f"{operand(op.left)} {op.op} {operand(op.right)}"
+            action = f"calc[{step}]"
+        else:
+            step = ""
+            action = f"finish[{format_value(final)}]"
+        kinds = {kind for kind, _ in self.notes.get(k, [])}
+        if k == 0:
+            opening = self.rng.choice(_FIRST_TEMPLATES).format(expr=self.expression, step=step or self.expression)
+            reasoning = " ".join([opening, *notes])
+        elif notes:
+            reasoning = " ".join(notes)
+        elif self.rng.random() < self.empty_reasoning_share:
+            reasoning = ""
+        else:
+            reasoning = self._restatement(k, step, operand, results)
+        self.kinds.append(LATER if LATER in kinds else CURRENT if CURRENT in kinds else
+                          REDUNDANT if reasoning else EMPTY)
+        return reasoning, action
+
+    def _restatement(self, k: int, step: str, operand, results: list) -> str:
+        """Only what the question and the observations already say, and the next step."""
+        done = [f"{operand(op.left)} {op.op} {operand(op.right)} = {format_value(results[j])}"
+                for j, op in enumerate(self.plan[:k])]
+        fields = {"expr": self.expression, "history": " and ".join(done), "last": format_value(results[-1]),
+                  "step": step}
+        return self.rng.choice(_NEXT_TEMPLATES if step else _FINISH_TEMPLATES).format(**fields)
+
+
 def expert_episode(
     task: CalculatorTask,
     rng: random.Random,
@@ -140,13 +257,24 @@ def expert_dataset(
     difficulty: int | None = None,
     empty_reasoning_share: float = DEFAULT_EMPTY_REASONING_SHARE,
     source_revision: str = EXPERT_SOURCE_REVISION,
+    reasoning_kinds: bool = False,
+    shape: str = "random",
 ) -> list[Trajectory]:
-    """Successful expert episodes on `generate_tasks(n, seed, difficulty)` as trajectories
-    (deterministic given the arguments; failed episodes, if any, are left out)."""
+    """Successful expert episodes on `generate_tasks(n, seed, difficulty, shape=shape)` as
+    trajectories (deterministic given the arguments; failed episodes, if any, are left out).
+    `reasoning_kinds`: played by `KindsExpertPolicy`, each turn's kind in `extra["reasoning_kinds"]`
+    (with `shape="two-part"` every task has a result that can be carried to a later turn)."""
     rng = random.Random(f"expert:{seed}")
-    episodes = [expert_episode(t, rng, empty_reasoning_share) for t in generate_tasks(n, seed, difficulty)]
-    return [
-        e.to_trajectory(environment=ENVIRONMENT_NAME, source_revision=source_revision)
-        for e in episodes
-        if e.success
-    ]
+    out = []
+    for task in generate_tasks(n, seed, difficulty, shape=shape):
+        if not reasoning_kinds:
+            episode = expert_episode(task, rng, empty_reasoning_share)
+            if episode.success:
+                out.append(episode.to_trajectory(environment=ENVIRONMENT_NAME, source_revision=source_revision))
+            continue
+        policy = KindsExpertPolicy(rng, empty_reasoning_share)
+        episode = run_episode(task, policy, DEFAULT_MAX_TURNS)
+        if episode.success:
+            trajectory = episode.to_trajectory(environment=ENVIRONMENT_NAME, source_revision=source_revision)
+            out.append(replace(trajectory, extra={**trajectory.extra, "reasoning_kinds": policy.kinds}))
+    return out

@@ -12,7 +12,7 @@ import random
 from dataclasses import dataclass
 from fractions import Fraction
 
-from race_core.envs.calculator.evaluator import BinOp, Neg, Node, Num, format_value, parse_number
+from race_core.envs.calculator.evaluator import BinOp, Neg, Node, Num, fold, format_value, parse_number
 
 QUESTION_TEMPLATE = (
     "Compute {expression}. Use calc[<expression>] to evaluate expressions and finish[<number>] to answer."
@@ -95,11 +95,29 @@ def _random_tree(rng: random.Random, ops: int) -> tuple[Node, Fraction]:
     return BinOp(op, left, right), value
 
 
+def _two_part_tree(rng: random.Random) -> tuple[Node, Fraction]:
+    """`(a op b) OP ((c / d) op2 e)`, the two parts in either order: an operation on two literal
+    numbers whose result is needed only by the last step, beside a part that takes two calculator
+    steps (its first a division, so no part of it can be worked out as a pair of literals)."""
+    a, b, d = rng.randint(0, _MAX_OPERAND), rng.randint(0, _MAX_OPERAND), rng.randint(1, 12)
+    c, e = d * rng.randint(1, _MAX_OPERAND // d), rng.randint(0, _MAX_OPERAND)
+    pair = BinOp(rng.choice("+-*"), Num(Fraction(a)), Num(Fraction(b)))
+    part = BinOp(rng.choice("+-*"), BinOp("/", Num(Fraction(c)), Num(Fraction(d))), Num(Fraction(e)))
+    left, right = (pair, part) if rng.random() < 0.5 else (part, pair)
+    tree = BinOp(rng.choice("+-*"), left, right)
+    return tree, fold(tree)
+
+
+SHAPES = ("random", "two-part")
+
+
 def generate_tasks(
-    n: int, seed: int, difficulty: int | None = None, split: str | None = None
+    n: int, seed: int, difficulty: int | None = None, split: str | None = None, shape: str = "random"
 ) -> list[CalculatorTask]:
     """`n` distinct tasks drawn with `random.Random(seed)`; deterministic given the arguments.
 
+    shape: `random` trees, or `two-part` (`_two_part_tree`, 4 operations; difficulty is ignored):
+    the tasks where reasoning can carry a result to a later turn (`race_core.envs.expert`).
     difficulty: the number of operations (1, 2 or 3); None draws it uniformly per task.
     split: 'train' or 'heldout' (see `task_split`); None means 'heldout' for seeds
     ≥ HELDOUT_SEED_OFFSET (see `heldout_seed`) and 'train' otherwise.
@@ -107,6 +125,8 @@ def generate_tasks(
     """
     if difficulty not in (None, 1, 2, 3):
         raise ValueError(f"difficulty must be None, 1, 2 or 3, got {difficulty!r}")
+    if shape not in SHAPES:
+        raise ValueError(f"shape must be one of {SHAPES}, got {shape!r}")
     if split is None:
         split = "heldout" if seed >= HELDOUT_SEED_OFFSET else "train"
     if split not in ("train", "heldout"):
@@ -119,8 +139,11 @@ def generate_tasks(
         attempts += 1
         if attempts > 200 * n + 1000:
             raise ValueError(f"could not draw {n} distinct {split} tasks of difficulty {difficulty}")
-        ops = difficulty if difficulty is not None else rng.randint(1, 3)
-        tree, answer = _random_tree(rng, ops)
+        if shape == "two-part":
+            ops, (tree, answer) = 4, _two_part_tree(rng)
+        else:
+            ops = difficulty if difficulty is not None else rng.randint(1, 3)
+            tree, answer = _random_tree(rng, ops)
         expression = _render(tree)
         if expression in seen or task_split(expression) != split:
             continue
