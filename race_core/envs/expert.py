@@ -11,8 +11,8 @@ empty reasoning so that a policy also learns the no-reasoning mode. Texts use a 
 `KindsExpertPolicy` (`expert_dataset(..., reasoning_kinds=True)`) is the expert whose reasoning can
 matter, across turns or not, so that an ablation can tell a cover that checks every later action
 from one that checks only the turn's own. It works some operations out in its head instead of
-calling the calculator (an operation on two literal numbers, + - or *), and writes the result only
-in its reasoning. Each turn's reasoning is of one kind, recorded per turn in the trajectory's
+calling the calculator (+ - or * on two one-digit literals), and writes the result only in its
+reasoning. Each turn's reasoning is of one kind, recorded per turn in the trajectory's
 `extra["reasoning_kinds"]`:
 
 - `later`: a result worked out now and used by a later action only (the turn's own action does
@@ -146,7 +146,8 @@ class ExpertPolicy:
 
 LATER, CURRENT, REDUNDANT, EMPTY = "later", "current", "redundant", "empty"
 REASONING_KINDS = (LATER, CURRENT, REDUNDANT, EMPTY)
-MENTAL_OPS = "+-*"  # worked out in the head when both operands are literal numbers
+MENTAL_OPS = "+-*"  # worked out in the head when both operands are one-digit literals
+MENTAL_MAX_OPERAND = 9
 DEFAULT_MENTAL_SHARE = 0.7  # of the eligible operations
 DEFAULT_LATER_SHARE = 0.6  # of the mental results whose use is two or more turns away: noted early
 
@@ -174,8 +175,8 @@ class KindsExpertPolicy(ExpertPolicy):
     def _read_question(self, question: str) -> None:
         super()._read_question(question)
         parents = {id(child): op for op in self.plan for child in (op.left, op.right)}
-        eligible = [op for op in self.plan
-                    if op.op in MENTAL_OPS and isinstance(op.left, Num) and isinstance(op.right, Num)]
+        eligible = [op for op in self.plan if op.op in MENTAL_OPS and all(
+                    isinstance(x, Num) and abs(x.value) <= MENTAL_MAX_OPERAND for x in (op.left, op.right))]
         self.mental = {id(op) for op in eligible if self.rng.random() < self.mental_share}
         full_plan = self.plan
         self.plan = [op for op in full_plan if id(op) not in self.mental]  # the calc steps

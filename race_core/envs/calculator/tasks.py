@@ -96,11 +96,12 @@ def _random_tree(rng: random.Random, ops: int) -> tuple[Node, Fraction]:
 
 
 def _two_part_tree(rng: random.Random) -> tuple[Node, Fraction]:
-    """`(a op b) OP ((c / d) op2 e)`, the two parts in either order: an operation on two literal
-    numbers whose result is needed only by the last step, beside a part that takes two calculator
-    steps (its first a division, so no part of it can be worked out as a pair of literals)."""
-    a, b, d = rng.randint(0, _MAX_OPERAND), rng.randint(0, _MAX_OPERAND), rng.randint(1, 12)
-    c, e = d * rng.randint(1, _MAX_OPERAND // d), rng.randint(0, _MAX_OPERAND)
+    """`(a op b) OP ((c / d) op2 e)`, the two parts in either order: an operation on two one-digit
+    numbers (small enough to work out in one's head) whose result is needed only by the last step,
+    beside a part that takes two calculator steps (its first a division, so no part of it is a
+    pair of one-digit literals)."""
+    a, b, d = rng.randint(0, 9), rng.randint(0, 9), rng.randint(1, 12)
+    c, e = d * rng.randint(1, _MAX_OPERAND // d), rng.randint(10, _MAX_OPERAND)
     pair = BinOp(rng.choice("+-*"), Num(Fraction(a)), Num(Fraction(b)))
     part = BinOp(rng.choice("+-*"), BinOp("/", Num(Fraction(c)), Num(Fraction(d))), Num(Fraction(e)))
     left, right = (pair, part) if rng.random() < 0.5 else (part, pair)
