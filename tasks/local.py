@@ -13,8 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from race_core.config import COVER_STAGES, PipelineConfig
+from race_core.config import COVER_STAGES, PipelineConfig, replace
 from race_core.policy import checkpoint_digest
+from race_core.scoring import Scorer
 from race_core.tiny import TINY, ensure_checkpoint
 from storage import ArtifactStore, CorruptObjectError, MissingObjectError
 from storage.parquet import write_from_store
@@ -38,26 +39,35 @@ def demo_inputs(home: Path, n: int = DEMO_DATASET_SIZE, seed: int = DEMO_DATASET
     return [str(path)]
 
 
-def run_cover(config: PipelineConfig, out_dir: Path, home: Path, log: Callable[[str], None] = print
-              ) -> dict[str, Any]:
+def with_defaults(config: PipelineConfig, home: Path) -> PipelineConfig:
+    """`config` with `race cover`'s defaults filled in: no inputs, a generated calculator dataset; no
+    checkpoint, the built-in tiny one (both cached under `home`)."""
+    return replace(config, inputs=tuple(config.inputs) or tuple(demo_inputs(home)),
+                   checkpoint=config.checkpoint or str(ensure_checkpoint(home / "checkpoints", TINY)))
+
+
+def run_cover(config: PipelineConfig, out_dir: Path, home: Path, log: Callable[[str], None] = print,
+              scorer_factory: Callable[[], Scorer] | None = None) -> dict[str, Any]:
     """The cover stages of `config` (no inputs: a generated calculator dataset; no checkpoint: the
-    built-in tiny one; `config.force`: stages recomputed even when stored); returns the summary."""
+    built-in tiny one; `config.force`: stages recomputed even when stored); returns the summary.
+    `scorer_factory` gives the cover its scorer (default: one built from `config`; the ε sweep
+    passes one that shares scores across ε)."""
     unknown = sorted(set(config.force) - set(COVER_STAGES))
     if unknown:
         raise ValueError(f"parameter 'force': {unknown} are not stages of race cover; its stages are "
                          f"{list(COVER_STAGES)}")
-    inputs = list(config.inputs) or demo_inputs(home)
-    checkpoint = config.checkpoint or str(ensure_checkpoint(home / "checkpoints", TINY))
+    config = with_defaults(config, home)
+    inputs, checkpoint = list(config.inputs), config.checkpoint
     store = ArtifactStore(config.store)
     try:
-        return _cover_stages(config, inputs, checkpoint, store, out_dir, log)
+        return _cover_stages(config, inputs, checkpoint, store, out_dir, log, scorer_factory)
     except (CorruptObjectError, MissingObjectError) as exc:
         log(f"{exc}; running the stages again now")
-        return _cover_stages(config, inputs, checkpoint, store, out_dir, log)
+        return _cover_stages(config, inputs, checkpoint, store, out_dir, log, scorer_factory)
 
 
 def _cover_stages(config: PipelineConfig, inputs: list[str], checkpoint: str, store: ArtifactStore, out_dir: Path,
-                  log: Callable[[str], None]) -> dict[str, Any]:
+                  log: Callable[[str], None], scorer_factory: Callable[[], Scorer] | None) -> dict[str, Any]:
     manifests: dict[str, dict[str, Any]] = {}
     forced = set(config.force)
 
@@ -71,7 +81,8 @@ def _cover_stages(config: PipelineConfig, inputs: list[str], checkpoint: str, st
     model_digest = checkpoint_digest(checkpoint)
     trajectories = ingested["objects"]["trajectories"]
     decided = timed("cover", stages.cover(store, trajectories, checkpoint, model_digest, config.cover,
-                                          config.resources, log=log, force="cover" in forced))
+                                          config.resources, log=log, scorer_factory=scorer_factory,
+                                          force="cover" in forced))
     compressed = timed("compress", stages.compress(store, trajectories, decided["objects"]["decisions"], checkpoint,
                                                    model_digest, config.cover.epsilon, log=log,
                                                    refused_digest=decided["objects"]["rejects"],

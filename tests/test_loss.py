@@ -36,6 +36,27 @@ def test_ratio_is_clipped_for_positive_advantage():
     assert logp_new.grad.item() == 0.0
 
 
+@pytest.mark.parametrize(("ratio", "advantage", "expected_loss", "expected_grad"), [
+    # ρ = 0.5 < 1 − c, A = +1: ρA = 0.5, clip(ρ)A = 0.8; min = 0.5, the UNclipped term: loss −0.5,
+    # d loss / d logp_new = −ρA = −0.5 (a loss of the clipped term alone gives −0.8 and gradient 0)
+    (0.5, 1.0, -0.5, -0.5),
+    # ρ = 1.5 > 1 + c, A = −1: ρA = −1.5, clip(ρ)A = −1.2; min = −1.5, the UNclipped term: loss 1.5,
+    # gradient −ρA = +1.5 (the clipped term alone: 1.2 and 0)
+    (1.5, -1.0, 1.5, 1.5),
+    # ρ = 0.5, A = −1: ρA = −0.5, clip(ρ)A = −0.8; min = −0.8, the clipped term: loss 0.8, gradient 0
+    (0.5, -1.0, 0.8, 0.0),
+])
+def test_the_surrogate_is_the_pessimistic_min_of_the_clipped_and_unclipped_terms(ratio, advantage,
+                                                                                  expected_loss, expected_grad):
+    logp_new = torch.log(torch.tensor([[ratio]])).requires_grad_()
+    one_policy_token = torch.ones(1, 1, dtype=torch.bool)
+    loss = cover_aware_loss(logp_new, torch.zeros(1, 1), torch.tensor([advantage]), one_policy_token,
+                            ~one_policy_token, torch.zeros(0), total_turns=1, clip=0.2)
+    assert loss.item() == pytest.approx(expected_loss, abs=1e-6)
+    loss.backward()
+    assert logp_new.grad.item() == pytest.approx(expected_grad, abs=1e-6)
+
+
 def test_per_token_advantages_are_accepted():
     adv = torch.tensor([[1.0, -1.0]])
     loss = cover_aware_loss(torch.zeros(1, 2), torch.zeros(1, 2), adv, torch.ones(1, 2, dtype=torch.bool),

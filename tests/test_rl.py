@@ -1,6 +1,7 @@
 """Cover-aware RL on real rollouts: the loss equals a hand computation from the batch's logged
-tensors, skipped reasoning gets exactly zero gradient, one iteration updates the weights, and
-rollouts that went through their JSON form give the same update.
+tensors, skipped reasoning gets exactly zero gradient, one iteration updates the weights, and the
+pipeline's path (the sample stage's rollouts JSON in a real store, then the rl stage) gives the
+same loss, gradients and weights as the in-memory one.
 
 The policy is the SMOKE bootstrap (the TINY model fitted to expert episodes of a few one-operation
 tasks); CONFIG's iteration 0 draws exactly those tasks, sampled at temperature 1: its groups mix
@@ -14,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from race_core.config import RLConfig
+from race_core.config import Resources, RLConfig, replace
 from race_core.loss import cover_aware_loss
 from race_core.policy import load_policy
 from race_core.render import Renderer, Role
@@ -141,19 +142,60 @@ def test_one_iteration_changes_the_weights(iteration):
     assert summary["masked_tokens"] == report.masked_tokens and summary["rollouts"] == 16
 
 
-def test_rollouts_through_json_give_the_same_loss_and_gradients(checkpoint, iteration):
-    rollouts = iteration[0].rollouts
-    restored = rollouts_from_json(rollouts_to_json(rollouts))
-    assert restored == rollouts
+@pytest.fixture(scope="module")
+def pipeline_path(checkpoint, tmp_path_factory):
+    """The pipeline's RL path: the sample stage writes the rollouts as JSON into a real store, the
+    rl stage reads them back and updates the policy (tasks/training_stages.py)."""
+    from storage import ArtifactStore
+    from tasks.training_stages import PolicyRef, rl, sample
+
+    store = ArtifactStore(str(tmp_path_factory.mktemp("rl-store")))
+    policy = PolicyRef.local(checkpoint)
+    sampled = sample(store, policy, CONFIG, Resources(), 0)
+    updated = rl(store, policy, sampled["objects"]["rollouts"], CONFIG, EPSILON, Resources(), 0)
+    return store, sampled, updated
+
+
+def test_the_sample_stage_stores_the_rollouts_the_in_memory_path_samples(iteration, pipeline_path):
+    store, sampled, _ = pipeline_path
+    stored = rollouts_from_json(store.get_bytes(sampled["objects"]["rollouts"]).decode("utf-8"))
+    assert stored == iteration[0].rollouts
+    assert rollouts_from_json(rollouts_to_json(stored)) == stored
+
+
+def test_rollouts_through_the_stores_json_give_the_same_loss_and_gradients(checkpoint, iteration,
+                                                                           pipeline_path):
+    """update_from_rollouts on the rollouts as the rl stage reads them (the sample stage's JSON
+    object) and on the in-memory ones: the same loss and, parameter by parameter, the same raw
+    gradient (clipping off, so a gradient is compared as computed)."""
+    store, sampled, _ = pipeline_path
+    from_store = rollouts_from_json(store.get_bytes(sampled["objects"]["rollouts"]).decode("utf-8"))
+    unclipped = replace(CONFIG, max_grad_norm=0.0)
     updated = []
-    for batch in (rollouts, restored):
+    for batch in (iteration[0].rollouts, from_store):
         model, tokenizer = load_policy(checkpoint)  # two copies of the pre-update policy
-        report = update_from_rollouts(model, tokenizer, batch, CONFIG, epsilon=EPSILON)
+        report = update_from_rollouts(model, tokenizer, batch, unclipped, epsilon=EPSILON)
         updated.append((report, dict(model.named_parameters())))
     (in_memory, params), (from_json, params_again) = updated
     assert CONFIG.inner_steps == 1 and from_json.loss == in_memory.loss == iteration[0].loss
-    assert from_json.covers.keys() == in_memory.covers.keys()
+    assert from_json.covers.keys() == in_memory.covers.keys() and in_memory.closure_terms > 0
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in params.values())
     for name, p in params.items():
-        grad, grad_again = p.grad, params_again[name].grad
-        assert (grad is None and grad_again is None) or torch.equal(grad, grad_again), name
-        assert torch.equal(p, params_again[name]), name
+        assert p.grad is not None and params_again[name].grad is not None, name
+        assert torch.equal(p.grad, params_again[name].grad), name
+
+
+def test_the_rl_stage_writes_the_policy_of_the_in_memory_update(iteration, pipeline_path, tmp_path,
+                                                                 monkeypatch):
+    store, _, updated = pipeline_path
+    report, before, in_memory_model, _ = iteration
+    monkeypatch.setenv("RACE_CHECKPOINT_CACHE", str(tmp_path / "checkpoints"))
+    from tasks.training_stages import PolicyRef
+
+    stage_model, _ = PolicyRef.of(updated).load(store, Resources())
+    assert updated["metrics"]["loss"] == report.loss
+    assert updated["metrics"]["masked_tokens"] == report.masked_tokens > 0
+    stage_params = dict(stage_model.named_parameters())
+    for name, p in in_memory_model.named_parameters():
+        assert torch.equal(stage_params[name], p), name
+    assert any(not torch.equal(stage_params[k], before[k]) for k in stage_params)
