@@ -37,6 +37,7 @@ class NaiveScorer:
         import torch
 
         decoder, head = self.model.get_decoder(), self.model.get_output_embeddings()
+        device = next(self.model.parameters()).device
         out = []
         with torch.inference_mode():
             for r in requests:
@@ -44,10 +45,10 @@ class NaiveScorer:
                 scores = []
                 for j in range(r.last_turn + 1):
                     start, end = x.action_spans[j]
-                    ids = torch.from_numpy(x.input_ids[:end])[None]
+                    ids = torch.from_numpy(x.input_ids[:end])[None].to(device)
                     hidden = decoder(input_ids=ids, use_cache=False).last_hidden_state[0, start - 1:end - 1]
                     logprobs = torch.log_softmax(head(hidden).float(), dim=-1)
-                    targets = torch.from_numpy(x.input_ids[start:end])[:, None]
+                    targets = torch.from_numpy(x.input_ids[start:end])[:, None].to(device)
                     scores.append(float(logprobs.gather(1, targets).double().mean()))
                     self.stats.forward_calls += 1
                     self.stats.tokens_processed += end
@@ -85,19 +86,24 @@ def bound_tokens(renderer: Renderer, results: Sequence[CoverResult]) -> int:
 def forward_throughput(model, renderer: Renderer, trajectories: Sequence[Trajectory], batch_size: int,
                        repeats: int = 3) -> tuple[float, float]:
     """Raw tokens per wall second and per CPU second of one batched forward (decoder only, no
-    cache) over full-length trajectories; the best of `repeats` after one warm-up."""
+    cache) over full-length trajectories, cut to the shortest; the best of `repeats` after one warm-up.
+    On a GPU the clock stops when the device has finished (`synchronize`)."""
     import torch
 
     rows = [renderer.render(t) for t in trajectories[:batch_size]]
     length = min(x.action_spans[-1][1] for x in rows)
-    ids = torch.from_numpy(np.stack([x.input_ids[:length] for x in rows]))
+    device = next(model.parameters()).device
+    ids = torch.from_numpy(np.stack([x.input_ids[:length] for x in rows])).to(device)
     decoder = model.get_decoder()
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     best_wall = best_cpu = float("inf")
     with torch.inference_mode():
         decoder(input_ids=ids, use_cache=False)  # warm-up (first calls pay one-off setup costs)
         for _ in range(repeats):
+            sync()
             wall, cpu = time.perf_counter(), time.process_time()
             decoder(input_ids=ids, use_cache=False)
+            sync()
             best_wall = min(best_wall, time.perf_counter() - wall)
             best_cpu = min(best_cpu, time.process_time() - cpu)
     return ids.numel() / best_wall, ids.numel() / best_cpu

@@ -1,4 +1,5 @@
-"""`race bench scoring`: cover scoring, naive vs full-forward vs ours (hf, vllm) vs the work bound.
+"""`race bench scoring`: cover scoring, naive vs full-forward vs ours (hf, vllm) vs the work bound,
+on synthetic workloads or (`--checkpoint DIR --input FILE.jsonl`) a real model on real trajectories.
 `race bench rendering`: the tokenizer's own ids vs segment-wise ids on a real checkpoint.
 
 `add_bench_parser(subparsers)` adds it to the `race` command; `main` is `scripts/bench_scoring.py`.
@@ -12,10 +13,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.memory import memory_bench
-from bench.report import format_demo, format_memory, format_table
+from bench.memory import format_rows, memory_bench
+from bench.report import format_demo, format_real_table, format_table
 from bench.scoring import BenchOptions, run_bench
 from bench.workload import MODELS, Workload
+from race_core.config import Resources
 from race_core.cover import DEFAULT_EPSILON
 
 SWEEP_TURNS = (2, 4, 8, 16)
@@ -48,18 +50,29 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--action-tokens", type=int, default=w.action_tokens)
     p.add_argument("--observation-tokens", type=int, default=w.observation_tokens)
     p.add_argument("--seed", type=int, default=w.seed)
-    p.add_argument("--batch-size", type=int, default=BenchOptions.batch_size, help="hf scorer batch size")
+    p.add_argument("--batch-size", type=int,
+                   help=f"hf scorer batch size (default {BenchOptions.batch_size}; with --checkpoint the "
+                        f"pipeline's scoring default, {Resources.batch_size})")
     p.add_argument("--naive-subset", type=int, default=BenchOptions.naive_subset,
                    help="time naive on the first K trajectories and scale to N (0 = all)")
     p.add_argument("--full-forward-subset", type=int, default=BenchOptions.full_forward_subset, help="same for full-forward (0 = all)")
+    p.add_argument("--repeats", type=int, default=BenchOptions.repeats,
+                   help="run hf, hf+early-reject and full-forward this many times, report the fastest")
     p.add_argument("--vllm", choices=["auto", "on", "off"], default="auto")
     p.add_argument("--no-early-reject", action="store_true", help="skip the early-rejection runs")
     p.add_argument("--demo-data", type=int, default=BenchOptions.demo_data, help="expert trajectories for early rejection (0 = skip)")
     p.add_argument("--epsilon", type=float, default=DEFAULT_EPSILON)
     p.add_argument("--cache-dir", default=BenchOptions.cache_dir, help="where the checkpoints are built")
+    p.add_argument("--checkpoint", metavar="DIR",
+                   help="a real save_pretrained folder: bench it on --input instead of the synthetic runs "
+                        "(--models, --n, --turns and the workload options are then unused)")
+    p.add_argument("--input", metavar="FILE.jsonl", help="with --checkpoint: the trajectories to score")
+    p.add_argument("--limit", type=int, default=0, help="with --checkpoint: the first N valid trajectories (0 = all)")
+    p.add_argument("--device", default=BenchOptions.device, help="with --checkpoint: cpu, cuda, cuda:1, ...")
+    p.add_argument("--dtype", default=BenchOptions.dtype, help="with --checkpoint: float32, bfloat16, float16")
     p.add_argument("--memory", action="store_true",
                    help="only: peak RSS of the cover stage (sharded) for each --memory-n")
-    p.add_argument("--memory-n", type=int, nargs="+", default=[64, 512])
+    p.add_argument("--memory-n", type=int, nargs="+", default=[64, 1024])
     p.add_argument("--shard-size", type=int, default=64)
 
 
@@ -71,22 +84,25 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
                         workload=workload, batch_size=args.batch_size, naive_subset=args.naive_subset,
                         full_forward_subset=args.full_forward_subset, vllm=args.vllm,
                         early_reject=not args.no_early_reject, epsilon=args.epsilon, cache_dir=args.cache_dir,
-                        demo_data=args.demo_data)
+                        demo_data=args.demo_data, checkpoint=args.checkpoint, input=args.input, limit=args.limit,
+                        device=args.device, dtype=args.dtype, repeats=args.repeats)
 
 
 def cmd_bench_scoring(args: argparse.Namespace) -> int:
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
+    if args.batch_size is None:  # a real checkpoint is scored as the pipeline scores it
+        args.batch_size = Resources.batch_size if args.checkpoint else BenchOptions.batch_size
     if args.memory:
         model = args.models[0]
         rows = memory_bench(model, args.cache_dir, args.memory_n, args.shard_size, args.turns[0], args.batch_size)
-        print(format_memory(rows))
+        print(format_rows(rows))
         report: dict[str, Any] = {"memory": rows}
     else:
         report = run_bench(options_from_args(args), log)
         for run in report["runs"]:
-            print(format_table(run) + "\n")
+            print((format_real_table(run) if report.get("mode") == "checkpoint" else format_table(run)) + "\n")
         if "demo_early_reject" in report:
             print(format_demo(report["demo_early_reject"]) + "\n")
     if args.json:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 
@@ -39,6 +38,40 @@ def format_table(run: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def format_real_table(run: dict[str, Any]) -> str:
+    """The real-model run (`--checkpoint`, `--input`): every method, early rejection included, with its
+    ratios to the work bound and its decision mix."""
+    bound = run["bound"]
+    lines = [f"### model {run['model']} ({run['parameters'] / 1e6:.1f}M params, {run['device']} {run['dtype']}) on "
+             f"{run['input']}: N={run['N']}, T={run['T']}, {run['tokens']:,} tokens, epsilon {run['epsilon']:g}, "
+             f"hf batch {run['batch_size']}" + (f", fastest of {run['repeats']} runs" if run["repeats"] > 1 else ""),
+             "",
+             "| method | wall s | tokens processed | tokens vs bound | time vs bound | CPU s | CPU vs bound "
+             "| speed-up vs naive | accepted / candidates |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for m in run["methods"]:
+        scaled = m["measured_on"] < run["N"]
+        name = m["name"] + (f" (measured on {m['measured_on']}, scaled)" if scaled else "")
+        cpu = f"{m['cpu_s']:.2f} | {m['cpu_vs_bound']:.2f}x" if m["cpu_s"] is not None else "n/a | n/a"
+        mix = f"{m['accepted_removals']} / {m['candidates']}" + (f" (on {m['measured_on']})" if scaled else "")
+        lines.append(f"| {name} | {m['wall_s']:.2f} | {m['tokens_processed']:,} | {m['tokens_vs_bound']:.2f}x | "
+                     f"{m['time_vs_bound']:.2f}x | {cpu} | {m['speedup_vs_naive']:.1f}x | {mix} |")
+    lines.append(f"| work bound | {bound['wall_s']:.2f} | {bound['tokens']:,} | 1.00x | 1.00x | {bound['cpu_s']:.2f} "
+                 f"| 1.00x | | |")
+    lines.append("")
+    lines.append(f"work bound: {bound['tokens']:,} tokens at the raw forward's {bound['forward_tokens_per_s']:,.0f} "
+                 f"tokens/s ({bound['forward_tokens_per_cpu_s']:,.0f} per CPU s; {bound['throughput_rows']} rows "
+                 f"in one batch)")
+    lines.append(f"decisions identical across methods: {run['decisions_identical']} "
+                 f"({format_comparison(run['decisions_compared'])}); scorer noise {run['scorer_noise']:.2e}")
+    if run["rejects"]:
+        lines.append(f"{run['rejects']} input line(s)/trajectories rejected, not scored; first: " + "; ".join(
+            f"{r['file']}:{r['line']} [{r['code']}] {r['field']}: {r['message']}" for r in run["first_rejects"]))
+    lines.extend(run["notes"])
+    lines.extend(f"{m['name']}: {m['note']}" for m in run["methods"] if m.get("note"))
+    return "\n".join(lines)
+
+
 def format_demo(demo: dict[str, Any]) -> str:
     full, early = demo["hf"], demo["hf+early-reject"]
     return (f"### early rejection on {demo['data']} (tiny model): {demo['candidates']} candidates, "
@@ -52,10 +85,3 @@ def format_demo(demo: dict[str, Any]) -> str:
             f"({format_comparison(demo['decisions_compared'])})")
 
 
-def format_memory(rows: Sequence[dict]) -> str:
-    lines = ["### peak RSS of the cover stage, sharded (one process per N)", "",
-             "| model | N | shard size | T | RSS after model load MB | peak RSS MB |",
-             "| --- | ---: | ---: | ---: | ---: | ---: |"]
-    lines += [f"| {r['model']} | {r['N']} | {r['shard_size']} | {r['T']} | {r['rss_after_load_mb']:.0f} | "
-              f"{r['peak_rss_mb']:.0f} |" for r in rows]
-    return "\n".join(lines)

@@ -7,7 +7,13 @@
   waits in the queue): two runs at once would both score what the catalog does not hold yet and
   append overlapping parts.
 
-`race serve` serves both to the Prefect server named by PREFECT_API_URL. Both deployments are
+- `race-score-shard/<pool>` (default pool `race-gpu`): a group of the cover's shards, run by a `race
+  worker` of the process work pool `<pool>` as a child flow run of a cover stage with
+  `resources.pool` set (`flows.shard`, `tasks.pool`). `race serve` creates the pool (type process)
+  and the `gpu` global concurrency limit with `--gpu-slots` slots (the shard runs' share of the
+  devices), and deploys it from this source folder (process workers load it from there: no image).
+
+`race serve` serves the first two to the Prefect server named by PREFECT_API_URL. They are
 instances of the configs in `race_core.config`: `build_deployments(nightly)` derives the manual
 run's defaults (checkpoint, store, ingest, cover, resources) from the nightly config.
 """
@@ -21,6 +27,7 @@ from typing import Any
 from race_core.config import NightlyConfig, PipelineConfig
 
 NIGHTLY_CRON = "0 2 * * *"
+DEFAULT_POOL = "race-gpu"
 MANUAL_INPUTS = ("data/*.jsonl",)
 SERVE_DEFAULTS = NightlyConfig(checkpoint=".race/checkpoints/policy")  # `race serve` without options
 
@@ -55,9 +62,40 @@ def build_deployments(nightly: NightlyConfig = SERVE_DEFAULTS, cron: str = NIGHT
     return [manual, scheduled]
 
 
+def prepare_pool(pool: str = DEFAULT_POOL, gpu_slots: int = 1, log=print) -> str:
+    """Create the process work pool `pool` and the `gpu` concurrency limit (`gpu_slots` slots; both
+    kept if they exist, the limit set to `gpu_slots`) and deploy `race-score-shard/<pool>` to it.
+    Returns the deployment's name."""
+    from pathlib import Path
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectAlreadyExists
+
+    from flows.shard import GPU_LIMIT, race_score_shard
+    from tasks.pool import deployment_name
+
+    if gpu_slots < 1:
+        raise ValueError(f"--gpu-slots: {gpu_slots} is not >= 1")
+    with get_client(sync_client=True) as client:
+        try:
+            client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
+        except ObjectAlreadyExists:
+            pass
+        client.upsert_global_concurrency_limit_by_name(GPU_LIMIT, gpu_slots)
+    source = Path(__file__).resolve().parents[1]  # the folder holding flows/ (process workers load it)
+    race_score_shard.from_source(source=str(source), entrypoint="flows/shard.py:race_score_shard").deploy(
+        name=pool, work_pool_name=pool, build=False, push=False, print_next_steps=False, tags=["race", "gpu"],
+        description="Score a group of the cover's shards on this worker's device (child runs of a cover stage).")
+    log(f"race serve: work pool {pool!r} (process) with deployment {deployment_name(pool)!r}; concurrency limit "
+        f"{GPU_LIMIT!r}: {gpu_slots} slot(s). Start one worker per device: race worker --pool {pool} --device cuda:N")
+    return deployment_name(pool)
+
+
 def serve_deployments(nightly: NightlyConfig, cron: str = NIGHTLY_CRON, limit: int | None = None,
-                      log=print) -> None:
-    """Register both deployments with the server and run their flow runs here until stopped.
+                      log=print, pool: str = DEFAULT_POOL, gpu_slots: int = 1) -> None:
+    """Prepare the shard pool (`prepare_pool`), then register the manual and nightly deployments
+    with the server and run their flow runs here until stopped.
 
     Prefect's runner stops (after pausing the deployments) when its polling for scheduled runs
     fails a few times in a row, i.e. after about a minute without the server. Then this waits for
@@ -66,6 +104,7 @@ def serve_deployments(nightly: NightlyConfig, cron: str = NIGHTLY_CRON, limit: i
     from prefect import serve
 
     keep_watching_for_cancellation()
+    prepare_pool(nightly.resources.pool or pool, gpu_slots, log)
     while True:
         try:
             serve(*build_deployments(nightly, cron), limit=limit)

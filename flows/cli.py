@@ -6,9 +6,11 @@ race run --input ... --checkpoint  the Prefect pipeline flow on your data and ch
 race demo                          the whole pipeline on embedded defaults, with a report
 race report --summary F            rebuild report.md and plots from a summary.json (+ decisions)
 race serve                         serve the deployments (manual, nightly) to a Prefect server
+race worker --pool P --device D    a worker of the shard pool on one device (`race run --pool P`)
 race gc [--delete]                 list (or remove) unreferenced objects and litter older than --grace-hours
 race bench scoring [--json FILE]   scoring benchmark: naive vs full-forward vs ours vs the work bound
 race model smollm2                 build SmolLM2-135M-Instruct offline into a local checkpoint folder
+race import --format F --input ... --out FILE.jsonl   agent logs (openai, sharegpt, swe-agent, react) -> trajectories
 
 Every `race run` / `race cover` / `race demo` / `race serve` setting is a field of the configs in
 `race_core.config`; the options are generated from them (`flows.options`).
@@ -24,7 +26,16 @@ from pathlib import Path
 
 from deployments import NIGHTLY_CRON, SERVE_DEFAULTS
 from flows.options import add_config_options, config_from_args
-from race_core.config import COVER_STAGES, DEMO_CONFIG, SECTIONS, PipelineConfig, replace
+from race_core.config import (
+    COVER_STAGES,
+    DEFAULT_EPSILON,
+    DEMO_CONFIG,
+    SECTIONS,
+    CoverConfig,
+    PipelineConfig,
+    field_help,
+    replace,
+)
 
 DEFAULT_HOME = Path(".race")
 COVER_SECTIONS = ("ingest", "cover", "resources")
@@ -39,8 +50,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_options(p, PipelineConfig(), top=(), sections=("ingest",))
     p.set_defaults(func=cmd_validate)
 
-    p = sub.add_parser("cover", help="run the LoGiC cover and write decisions and compressed trajectories")
+    # conflict_handler: the generated single-valued --epsilon gives way to the one below, which takes several
+    p = sub.add_parser("cover", help="run the LoGiC cover and write decisions and compressed trajectories",
+                       conflict_handler="resolve")
     add_config_options(p, PipelineConfig(), top=("inputs", "checkpoint", "store", "force"), sections=COVER_SECTIONS)
+    p.add_argument("--epsilon", nargs="+", type=float, metavar="EPSILON", dest="epsilons",
+                   help=f"{field_help(CoverConfig)['epsilon']} (default: {DEFAULT_EPSILON!r}); several values "
+                        "run the cover for each, sharing scores, into OUT/eps-<value>/, with epsilon_sweep.md, "
+                        ".json and .png in OUT")
     p.add_argument("--out", required=True, help="folder for decisions.parquet, compressed.parquet, rejects.parquet")
     p.add_argument("--home", default=str(DEFAULT_HOME),
                    help="where the default checkpoint and dataset are cached (no --input / --checkpoint)")
@@ -69,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="serve the race-pipeline/manual and race-nightly/nightly deployments")
     add_config_options(p, SERVE_DEFAULTS, top=("inbox", "checkpoint", "store"), sections=COVER_SECTIONS)
     p.add_argument("--cron", default=NIGHTLY_CRON, help="nightly schedule (UTC)")
+    p.add_argument("--gpu-slots", type=int, default=1, help="slots of the `gpu` concurrency limit: shard runs "
+                   "scoring at once across the pool (`race worker`s; default: 1)")
     p.add_argument("--allow-root", nargs="+", metavar="ROOT",
                    help="folders and URL prefixes the served runs may read and write (inputs, checkpoint, "
                         "store, report_dir); default: this folder, the store, the checkpoint and the inbox's "
@@ -84,10 +103,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_gc)
 
     from bench.cli import add_bench_parser
+    from flows.import_cli import add_import_parser
     from flows.models_cli import add_model_parser
+    from flows.worker_cli import add_worker_parser
 
     add_bench_parser(sub)
     add_model_parser(sub)
+    add_import_parser(sub)
+    add_worker_parser(sub)
     return parser
 
 
@@ -111,10 +134,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cmd_validate(args) -> int:
-    from race_core.schema import read_jsonl
+    from race_core.importers import RACE, import_stream
+    from race_core.schema import Reject, read_jsonl
 
-    config = config_from_args(PipelineConfig(), args)
-    good, rejects = read_jsonl(args.input, config.ingest.limits())
+    ingest = config_from_args(PipelineConfig(), args).ingest
+    if ingest.format == RACE:
+        good, rejects = read_jsonl(args.input, ingest.limits())
+    else:  # agent logs: checked as `race import` / the ingest stage would read them
+        good, rejects = [], []
+        for path in args.input:
+            with open(path, "rb") as fh:
+                for item in import_stream(fh, path, ingest.format, ingest.import_options(), ingest.limits()):
+                    (rejects if isinstance(item, Reject) else good).append(item)
     print(f"valid trajectories: {len(good)}")
     print(f"rejected lines: {len(rejects)}")
     for r in rejects:
@@ -124,11 +155,24 @@ def cmd_validate(args) -> int:
 
 def cmd_cover(args) -> int:
     from tasks.local import run_cover
+    from tasks.sweep import check_epsilons, run_sweep
 
     config = replace(config_from_args(PipelineConfig(store=str(Path(args.home) / "store")), args),
                      stages=COVER_STAGES)
-    summary = run_cover(config, out_dir=Path(args.out), home=Path(args.home), log=lambda m: print(m, file=sys.stderr))
-    print(json.dumps(summary, indent=2))
+    epsilons = check_epsilons(args.epsilons) if args.epsilons else [config.cover.epsilon]
+
+    def log(message: str) -> None:
+        print(message, file=sys.stderr)
+
+    if len(epsilons) == 1:
+        summary = run_cover(replace(config, **{"cover.epsilon": epsilons[0]}), out_dir=Path(args.out),
+                            home=Path(args.home), log=log)
+        print(json.dumps(summary, indent=2))
+        return 0
+    sweep = run_sweep(config, epsilons, out_dir=Path(args.out), home=Path(args.home), log=log)
+    rows = [{k: v for k, v in row.items() if k != "max_drops"} for row in sweep["rows"]]
+    print(json.dumps({"epsilons": sweep["epsilons"], "rows": rows, "sharing": sweep["sharing"],
+                      "table": str(Path(args.out) / "epsilon_sweep.md")}, indent=2))
     return 0
 
 
@@ -194,7 +238,7 @@ def cmd_serve(args) -> int:
                                 str(Path(nightly.inbox.split("*", 1)[0]).parent)]
     os.environ[ROOTS_ENV] = roots_env(roots)  # the served flow runs inherit it
     print(f"race serve: runs may read and write only under: {', '.join(roots)}", file=sys.stderr)
-    serve_deployments(nightly, cron=args.cron)
+    serve_deployments(nightly, cron=args.cron, gpu_slots=args.gpu_slots)
     return 0
 
 

@@ -21,6 +21,7 @@ from functools import cache
 from typing import Any
 
 from race_core.envs.calculator import DEFAULT_MAX_TURNS
+from race_core.memory import parse_size
 from race_core.schema import DEFAULT_LIMITS, Limits
 
 DEFAULT_EPSILON = 1e-3  # the cover's tolerance ε (DESIGN §4)
@@ -50,10 +51,27 @@ class IngestConfig:
     max_extra_bytes: int = DEFAULT_LIMITS.max_extra_bytes  # JSON bytes of all keys outside the contract (0: no limit)
     max_depth: int = DEFAULT_LIMITS.max_depth  # deepest JSON nesting, the record is level 1 (0: no limit)
     strict: bool = False  # stop the run if any input line is rejected
+    format: str = "race"  # input format: race (the contract) or agent logs: openai, sharegpt, swe-agent, react
+    assume_successful: bool = False  # agent logs: a record without a success flag is taken as successful
+    environment: str = ""  # agent logs: the environment of records that name none ("": the format's name)
+    source_revision: str = ""  # agent logs: the source_revision of records that name none ("": unknown)
+
+    def __post_init__(self) -> None:
+        from race_core.importers import INPUT_FORMATS
+
+        if self.format not in INPUT_FORMATS:
+            raise ValueError(f"parameter 'ingest.format': {self.format!r} is not one of {list(INPUT_FORMATS)}")
 
     def limits(self) -> Limits:
         """The reader's `Limits`, each taken from the field of the same name."""
         return Limits(**{f.name: getattr(self, f.name) for f in dataclasses.fields(Limits)})
+
+    def import_options(self):
+        """What the agent-log importers give records that do not say (`race_core.importers`)."""
+        from race_core.importers import ImportOptions
+
+        return ImportOptions(environment=self.environment, source_revision=self.source_revision,
+                             assume_successful=self.assume_successful)
 
 
 @dataclass(frozen=True)
@@ -68,15 +86,27 @@ class CoverConfig:
 
 @dataclass(frozen=True)
 class Resources:
-    """Where and how big the model work runs: every model-loading stage takes these."""
+    """Where and how big the model work runs: every model-loading stage takes these.
+
+    Only `dtype` is part of the stage keys (`tasks.stages`): the others change where and how fast
+    the work runs, not what it decides. `kv_budget` is given in bytes or as a size (`2GiB`, `512MiB`:
+    `race_core.memory.parse_size`) and held in bytes."""
 
     device: str = "cpu"  # cpu, cuda or cuda:N
     dtype: str = "float32"  # model dtype (float32, bfloat16 / bf16, float16 / fp16); keep float32 near ε
     batch_size: int = 16  # sequences per scoring forward
     shard_size: int = 64  # trajectories scored together (memory grows with it)
+    kv_budget: int | str = 0  # KV-prefix copies the hf scorer keeps, e.g. 2GiB (0: half the free memory)
+    pool: str = ""  # Prefect work pool whose workers score the cover's shards, e.g. race-gpu ("": this process)
+    pool_shards: int = 4  # shards per child flow run on the pool
+    lease_timeout: float = 60.0  # seconds a pool worker may go silent before its shards are submitted again
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
+        try:
+            object.__setattr__(self, "kv_budget", parse_size(self.kv_budget))
+        except ValueError as exc:
+            raise ValueError(f"parameter 'resources.kv_budget': {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -210,9 +240,11 @@ def _check_cover(checkpoint: str, cover: CoverConfig, resources: Resources) -> N
         raise ValueError(f"parameter 'cover.epsilon': {cover.epsilon} is outside [0, 10)")
     if not resources.device.startswith(("cpu", "cuda")):
         raise ValueError(f"parameter 'resources.device': {resources.device!r} is not cpu or cuda[:N]")
-    for name in ("batch_size", "shard_size"):
+    for name in ("batch_size", "shard_size", "pool_shards"):
         if getattr(resources, name) < 1:
             raise ValueError(f"parameter 'resources.{name}' must be >= 1")
+    if not resources.lease_timeout > 0:
+        raise ValueError(f"parameter 'resources.lease_timeout': {resources.lease_timeout} is not > 0 seconds")
     if not (Path(checkpoint) / "config.json").exists():
         raise ValueError(f"parameter 'checkpoint': {checkpoint!r} is not a local save_pretrained folder")
 

@@ -33,7 +33,9 @@ from race_core.scoring import Scorer, ScoreRequest, ScorerStats, batch_noise
 
 # A plain scorer: trajectories -> for each, one action mean log-prob per turn.
 PlainScorer = Callable[[list[Trajectory]], list[list[float]]]
-Progress = Callable[[int, int, int], None]  # (round t, candidates scored this round, rounds total)
+# Called after each round: (round t, what it scored, the last round). Round 0 scores every trajectory
+# in full, round t >= 1 the candidates t (their count is passed); `race_core.progress` reads it.
+Progress = Callable[[int, int, int], None]
 
 # Why a candidate was not accepted (the audit's `reason`; None when accepted).
 OVER_EPSILON = "over_epsilon"  # some d_j > ε
@@ -117,6 +119,8 @@ def logic_cover(
     try:
         scores = scorer.score([ScoreRequest(i, t) for i, t in enumerate(current)])
         rounds = max((len(t.turns) for t in current), default=0)
+        if progress is not None and rounds:
+            progress(0, n, rounds - 1)
         for t in range(1, rounds):
             candidates: dict[int, Trajectory] = {}
             for i in range(n):

@@ -50,6 +50,7 @@ CLOSE_MARKER = "</think>"
 ACTION_PREFIX = "\nAction: "
 OBSERVATION_PREFIX = "Observation: "
 CANONICAL, SEGMENTS = "canonical", "segments"
+CACHE_ENTRIES = 8192  # texts whose ids are kept: messages recur across a shard's candidates, not across shards
 
 log = logging.getLogger("race.render")
 _REPORTED: set[str] = set()  # tokenizers whose fallback was already logged
@@ -306,8 +307,8 @@ class Renderer:
         self._calls: dict[str, str] = {}
         self.template_mode = template_mode(tokenizer) if use_chat_template else "plain"
         self.bos_ids: tuple[int, ...] = (tokenizer.bos_token_id,) if _adds_bos(tokenizer) else ()
-        self._encode = lru_cache(maxsize=65536)(self._encode_uncached)
-        self._piece = lru_cache(maxsize=65536)(self._piece_uncached)
+        self._encode = lru_cache(maxsize=CACHE_ENTRIES)(self._encode_uncached)
+        self._piece = lru_cache(maxsize=CACHE_ENTRIES)(self._piece_uncached)
         self._backend = _offsets_backend(tokenizer)
         self._cut = _added_token_pattern(tokenizer)
         if tokenization not in (None, CANONICAL, SEGMENTS):
@@ -378,6 +379,8 @@ class Renderer:
         """The template's text of a turn's tool calls (cached: calls recur across candidates)."""
         key = canonical_json([[c.name, c.arguments] for c in calls]) + json.dumps([list(c.arguments) for c in calls])
         if key not in self._calls:
+            if len(self._calls) >= CACHE_ENTRIES:
+                self._calls.pop(next(iter(self._calls)))  # the oldest: memory stays flat in dataset size
             self._calls[key] = ToolWrappers.call_text(self.tokenizer, calls)
         return self._calls[key]
 

@@ -4,6 +4,8 @@
 #   2. the scoring-noise table in bfloat16 and float32 (max |hf - vllm|, batch-vs-alone noise, ε);
 #   3. the whole pipeline on a real instruct model (SmolLM2-135M-Instruct, `race model smollm2`):
 #      the cover scored by vLLM, every stage on cuda (issue 13), with its report in runs/gpu-check.
+#   4. scoring throughput on that model and data (issue 16): naive, full-forward, hf (with and without
+#      early rejection) and vllm on cuda against the same run's work bound, in runs/gpu-check/bench-scoring.json.
 # Usage: scripts/gpu_check.sh [extra gpu_check.py options, e.g. --checkpoint DIR --out noise.json]
 # CPU smoke run of step 2 only: python scripts/gpu_check.py --device cpu --dtypes float32 --preset tiny
 set -euo pipefail
@@ -22,3 +24,7 @@ mkdir -p "$OUT"
 time "$PYTHON" -m flows.cli run --input "$OUT/react.jsonl" --checkpoint "$CKPT" --store "$OUT/store" \
   --backend vllm --device cuda --dtype float32 --epsilon 0.5 --sft-steps 20 --rl-iterations 1 --eval-tasks 20 \
   --report-dir "$OUT/report" --summary "$OUT/summary.json"
+
+# 4. ε 0.7 gives mixed decisions on these 24 trajectories (16 of 36 removals accepted on CPU, float32).
+"$PYTHON" -m flows.cli bench scoring --checkpoint "$CKPT" --input "$OUT/react.jsonl" --device cuda --dtype float32 \
+  --epsilon 0.7 --vllm on --repeats 3 --json "$OUT/bench-scoring.json"

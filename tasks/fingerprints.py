@@ -31,9 +31,9 @@ _POLICY_LOOP = ("race_core/rollout.py", "race_core/sampling/*.py", "race_core/vl
                 "race_core/envs/calculator/*.py")
 
 STAGE_SOURCES: dict[str, tuple[str, ...]] = {
-    "ingest": ("race_core/schema.py", "storage/parquet.py", "tasks/stages.py"),
+    "ingest": ("race_core/schema.py", "race_core/importers/*.py", "storage/parquet.py", "tasks/stages.py"),
     "cover": ("race_core/cover.py", "race_core/scoring/*.py", "race_core/vllm_engine.py", "race_core/decisions.py",
-              *_RENDER, "storage/parquet.py", "tasks/stages.py"),
+              *_RENDER, "storage/parquet.py", "tasks/stages.py", "tasks/shards.py"),
     "compress": ("race_core/decisions.py", *_RENDER, "storage/parquet.py", "tasks/stages.py"),
     "sft": ("race_core/train/sft.py", "race_core/loss.py", *_RENDER, "storage/parquet.py",
             "tasks/training_stages.py"),

@@ -27,6 +27,7 @@ from prefect.artifacts import (
 from prefect.cache_policies import NO_CACHE
 
 from race_core.config import CoverConfig, EvalConfig, IngestConfig, Resources, RLConfig, SFTConfig
+from race_core.progress import ProgressFigures
 from storage import ArtifactStore
 from tasks import stages, training_stages
 from tasks.training_stages import PolicyRef
@@ -66,24 +67,47 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, MemoryError) or "out of memory" in str(exc).lower()
 
 
-def with_oom_backoff(run: Callable[[int], dict[str, Any]], batch_size: int, log: Callable[[str], None]
-                     ) -> dict[str, Any]:
-    """Run `run(batch_size)`; on out-of-memory halve the batch and try again, down to 1."""
+KV_BUDGET_FLOOR = 64 * 2**20  # out-of-memory retries do not halve the KV budget below this (64 MiB)
+
+
+def with_oom_backoff(run: Callable[[Resources], dict[str, Any]], resources: Resources,
+                     log: Callable[[str], None]) -> dict[str, Any]:
+    """Run `run(resources)`; on out-of-memory halve what grows with the work, the batch size (down to
+    1) and the hf scorer's KV budget (down to KV_BUDGET_FLOOR; an automatic one is first resolved on
+    the memory free now), log both and run again. The error is raised when neither can shrink."""
     while True:
         try:
-            return run(batch_size)
+            return run(resources)
         except Exception as exc:  # noqa: BLE001 - only OOM is handled, everything else re-raised
-            if not is_out_of_memory(exc) or batch_size <= 1:
+            at_floor = resources.batch_size <= 1 and 0 < resources.kv_budget <= KV_BUDGET_FLOOR
+            if not is_out_of_memory(exc) or at_floor:
                 raise
-            batch_size //= 2
-            log(f"out of memory: retrying with batch size {batch_size}")
-            try:
-                import torch
+        # past the except block, the failed run's frames and the memory they held are released
+        _empty_cuda_cache()
+        resources = _shrunk(resources, log)
 
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
-            except ImportError:
-                pass
+
+def _shrunk(resources: Resources, log: Callable[[str], None]) -> Resources:
+    from race_core.memory import automatic_kv_budget, format_size
+
+    kv_budget = resources.kv_budget or automatic_kv_budget(resources.device)
+    smaller = replace(resources, batch_size=max(1, resources.batch_size // 2),
+                      kv_budget=min(kv_budget, max(KV_BUDGET_FLOOR, kv_budget // 2)))
+    was = (format_size(kv_budget) if resources.kv_budget
+           else f"automatic: half the free memory, {format_size(kv_budget)} now")
+    log(f"out of memory: retrying with batch size {smaller.batch_size} (was {resources.batch_size}) and KV "
+        f"budget {format_size(smaller.kv_budget)} (was {was})")
+    return smaller
+
+
+def _empty_cuda_cache() -> None:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except ImportError:
+        pass
 
 
 @task(name="ingest", **RETRY, cache_policy=NO_CACHE)
@@ -105,16 +129,18 @@ def cover_task(store_url: str, trajectories: dict[str, Any], policy: PolicyRef, 
                resources: Resources, only_cached: bool = False, force: bool = False) -> dict[str, Any]:
     """The LoGiC cover (Algorithm 1) over the trajectories of an ingest (or select-new) manifest -> decisions."""
     log = _logger_fn()
-    progress_id = create_progress_artifact(0.0, key="race-cover-progress", description="LoGiC cover progress")
+    progress_id = create_progress_artifact(0.0, key="race-cover-progress", description="LoGiC cover: starting")
 
-    def run(batch: int) -> dict[str, Any]:
+    def publish(figures: ProgressFigures) -> None:  # the figures of the terminal bar / log lines
+        update_progress_artifact(progress_id, round(100 * figures.fraction, 1),
+                                 description=f"LoGiC cover: {figures.summary()}")
+
+    def run(sized: Resources) -> dict[str, Any]:
         return stages.cover(ArtifactStore(store_url), trajectories["objects"]["trajectories"], policy.path,
-                            policy.digest, config, replace(resources, batch_size=batch), log=log,
-                            trajectory_count=stages.trajectory_count(trajectories), only_cached=only_cached,
-                            force=force,
-                            on_progress=lambda f: update_progress_artifact(progress_id, round(100 * f, 1)))
+                            policy.digest, config, sized, log=log,
+                            only_cached=only_cached, force=force, on_progress=publish)
 
-    manifest = with_oom_backoff(run, resources.batch_size, log)
+    manifest = with_oom_backoff(run, resources, log)
     update_progress_artifact(progress_id, 100.0)
     publish_summary("cover", manifest)
     return manifest

@@ -9,7 +9,8 @@ These functions know nothing of Prefect: `tasks/` wraps them as tasks, and `race
 directly. They take the typed configs of `race_core.config` and pass digests, never tensors or
 DataFrames.
 
-Stage names (in the store's `stages/<name>/`): ingest, cover (all of Algorithm 1: the decisions),
+Stage names (in the store's `stages/<name>/`): ingest, cover (all of Algorithm 1: the decisions; one
+manifest per shard under `stages/cover-shard/`, `tasks.shards`),
 compress (applies them), sft, sample, rl, evaluate. Stores written before the rename kept the cover
 under `stages/score/` and compression under `stages/decide/`; those manifests are no longer read
 (their keys hashed other configs anyway): the next run recomputes, and `race gc` keeps every object
@@ -30,7 +31,9 @@ from typing import Any
 import fsspec
 
 from race_core.config import CoverConfig, IngestConfig, Resources
-from race_core.schema import Limits, Reject, Trajectory, iter_jsonl_stream
+from race_core.importers import RACE, ImportStats, import_stream
+from race_core.progress import ProgressFigures
+from race_core.schema import Reject, Trajectory, iter_jsonl_stream
 from storage import ArtifactStore, stage_key
 from storage.parquet import (
     DatasetWriter,
@@ -154,12 +157,17 @@ def file_digest(url: str) -> str:
         return reader.digest
 
 
-def _read_items(url: str, limits: Limits, files_read: dict[str, dict[str, Any]]
-                ) -> Iterator[Trajectory | Reject]:
+def _read_items(url: str, config: IngestConfig, files_read: dict[str, dict[str, Any]],
+                imported: ImportStats) -> Iterator[Trajectory | Reject]:
     """The file's trajectories and rejects, read once; then `files_read[url]` holds the sha256 and
-    size of exactly the bytes they came from (a file appended meanwhile: the part that was read)."""
+    size of exactly the bytes they came from (a file appended meanwhile: the part that was read).
+    Agent logs (`config.format` not race) are converted record by record (`race_core.importers`),
+    counted in `imported` (an `ImportStats`)."""
     with _open_input(url) as reader:
-        yield from iter_jsonl_stream(reader, url, limits)
+        if config.format == RACE:
+            yield from iter_jsonl_stream(reader, url, config.limits())
+        else:
+            yield from import_stream(reader, url, config.format, config.import_options(), config.limits(), imported)
         if not reader.at_end:  # a damaged gzip stream ended the read: its rest belongs to that reject
             reader.read_to_end()
         files_read[url] = {"sha256": reader.digest, "bytes": reader.size}
@@ -189,9 +197,10 @@ def ingest(store: ArtifactStore, inputs: Iterable[str], config: IngestConfig = I
     files_read: dict[str, dict[str, Any]] = {}
     seen: set[str] = set()
     duplicates = 0
+    imported = ImportStats()
     with _TempDataset(store, "trajectories") as good, _TempDataset(store, "rejects") as bad:
         for f in files:
-            for item in _read_items(f, config.limits(), files_read):
+            for item in _read_items(f, config, files_read, imported):
                 if isinstance(item, Reject):
                     bad.writer.write(item)
                 elif item.id in seen:
@@ -201,9 +210,13 @@ def ingest(store: ArtifactStore, inputs: Iterable[str], config: IngestConfig = I
                     good.writer.write(item)
     log(f"ingest: {good.rows} trajectories, {bad.rows} rejected lines, {duplicates} duplicates "
         f"from {len(files)} file(s)")
-    produced = {"objects": {"trajectories": good.digest, "rejects": bad.digest},
-                "metrics": {"ingested": good.rows, "rejected": bad.rows, "duplicates": duplicates,
-                            "files": len(files)},
+    metrics = {"ingested": good.rows, "rejected": bad.rows, "duplicates": duplicates, "files": len(files)}
+    if config.format != RACE:
+        metrics["assumed_successful"] = imported.assumed_successful
+        if imported.assumed_successful:
+            log(f"ingest: warning: {imported.assumed_successful} {config.format} record(s) carry no success flag "
+                f"and were taken as successful (assume_successful)")
+    produced = {"objects": {"trajectories": good.digest, "rejects": bad.digest}, "metrics": metrics,
                 "files_read": [{"file": f, **files_read[f]} for f in files]}
     inputs_read = {"files": _canonical_inputs({f: r["sha256"] for f, r in files_read.items()})}
     manifest = run_stage(store, "ingest", 1, keyed, inputs_read, None, lambda: produced, force=force, log=log)
@@ -259,70 +272,57 @@ def iter_trajectories(store: ArtifactStore, digest: str, kind: str = "trajectori
         yield row_to_trajectory(row)
 
 
-def trajectory_count(manifest: dict[str, Any]) -> int:
-    """How many trajectories an ingest or select-new manifest holds."""
-    metrics = manifest["metrics"]
-    return metrics["ingested"] if "ingested" in metrics else metrics["new"]
-
-
 # -- cover + compress --------------------------------------------------------------------------
 def cover_key_config(config: CoverConfig, resources: Resources) -> dict[str, Any]:
     """What the cover's decisions depend on: its config and the dtype the model ran in."""
     return {**asdict(config), "dtype": resources.dtype}
 
 
+def cover_scorer(config: CoverConfig, checkpoint: str, resources: Resources):
+    """The scorer the cover stage builds when it is given none (the ε sweep builds its shared one here)."""
+    from race_core.scoring import make_scorer
+
+    kv = {"kv_budget": resources.kv_budget} if config.backend == "hf" else {}  # vLLM sizes its own cache
+    return make_scorer(config.backend, checkpoint, device=resources.device, dtype=resources.dtype,
+                       batch_size=resources.batch_size, **kv)
+
+
 def cover(store: ArtifactStore, trajectories_digest: str, checkpoint: str, model_digest: str,
           config: CoverConfig = CoverConfig(), resources: Resources = Resources(),
           log: Log = _quiet, scorer_factory: Callable[[], Any] | None = None,
-          on_progress: Callable[[float], None] | None = None, trajectory_count: int | None = None,
-          only_cached: bool = False, force: bool = False) -> dict[str, Any]:
+          on_progress: Callable[[ProgressFigures], None] | None = None, only_cached: bool = False, force: bool = False) -> dict[str, Any]:
     """Run the LoGiC cover (Algorithm 1) over the trajectories, shard by shard -> `decisions`
     Parquet, and `rejects` for the trajectories whose rendering is longer than the model's context
     (or `config.max_tokens`): those are not scored (code `too_long`, with the token count).
 
-    `on_progress(fraction)` is called after every round when `trajectory_count` is known."""
+    Progress (`race_core.progress.CoverProgress`): a bar on a terminal, else a line through `log`
+    now and then; `on_progress(figures)` after every round."""
 
     def compute() -> dict[str, Any]:
-        from race_core.cover import check_noise, logic_cover
-        from race_core.decisions import CoverContext, decision_rows
-        from race_core.scoring import ScoreRequest, make_scorer
+        from race_core.progress import CoverProgress
+        from tasks import shards
 
-        scorer = (scorer_factory() if scorer_factory else
-                  make_scorer(config.backend, checkpoint, device=resources.device, dtype=resources.dtype,
-                              batch_size=resources.batch_size))
-        limit = min((n for n in (config.max_tokens, scorer.max_length) if n), default=None)
-        ctx = CoverContext(model_digest=model_digest, epsilon=config.epsilon, backend=config.backend,
-                           render_mode=scorer.renderer.render_mode if scorer.renderer else "plain")
-        done = 0
-        noise: float | None = None
-        try:
-            with _TempDataset(store, "decisions") as out, _TempDataset(store, "rejects") as refused:
-                for shard in _shards(iter_trajectories(store, trajectories_digest), resources.shard_size):
-                    shard = _within(shard, scorer.renderer, limit, config.max_tokens, refused.writer, log)
-                    if not shard:
-                        continue
-                    if noise is None:
-                        noise = scorer.measure_noise([ScoreRequest(("noise", i), t)
-                                                      for i, t in enumerate(shard[:4])])
-                        log(f"cover: scorer noise {noise:.2e} (epsilon {config.epsilon:g})")
-                        check_noise(noise, config.epsilon)
+        scope = shards.shard_scope(config, resources, model_digest)
+        plan = shards.plan_shards(store, trajectories_digest, resources.shard_size)
+        todo = plan if force else [s for s in plan if shards.committed(store, shards.shard_key(scope, s)) is None]
+        log(f"cover: {len(plan)} shard(s) of up to {resources.shard_size}; {len(plan) - len(todo)} committed before")
+        if todo and resources.pool:  # child flow runs on the pool's workers (tasks.pool)
+            from tasks.pool import score_on_pool
 
-                    def progress(t: int, n: int, total: int, first: int = done, size: int = len(shard)) -> None:
-                        log(f"cover: trajectories {first + 1}-{first + size}: round {t}/{total}, {n} candidates")
-                        if on_progress is not None and trajectory_count:
-                            on_progress(min(1.0, (first + size * t / max(total, 1)) / trajectory_count))
-
-                    results = logic_cover(shard, scorer, config.epsilon, early_reject=config.early_reject,
-                                          progress=progress)
-                    out.writer.write_many(decision_rows(results, scorer.renderer, ctx))
-                    done += len(shard)
-                    log(f"cover: {done} trajectories scored")
-        finally:
-            scorer.close()
-        return {"objects": {"decisions": out.digest, "rejects": refused.digest},
-                "metrics": {"trajectories": done, "too_long": refused.rows, "decision_rows": out.rows,
-                            "scorer_noise": noise, "tokens_processed": scorer.stats.tokens_processed,
-                            "context_tokens": limit, "render_mode": ctx.render_mode}}
+            score_on_pool(store, trajectories_digest, checkpoint, model_digest, config, resources, scope, todo, log,
+                          force=force)
+        elif todo:
+            shown = CoverProgress(sum(len(s.ids) for s in plan), log=log, publish=on_progress)
+            shown.skip(sum(len(s.ids) for s in plan) - sum(len(s.ids) for s in todo))
+            work = shards.ShardScorer(config, model_digest, scorer_factory or (
+                lambda: cover_scorer(config, checkpoint, resources)), shown)
+            try:
+                shards.score_shards(store, trajectories_digest, todo, scope, resources.shard_size, work, shown.log,
+                                    device=resources.device, force=force)
+            finally:
+                shown.close()
+                work.close()
+        return shards.merge_shards(store, scope, plan, log)
 
     return run_stage(store, "cover", 1, cover_key_config(config, resources), {"trajectories": trajectories_digest},
                      model_digest, compute, only_cached, force, log)
@@ -344,17 +344,6 @@ def _within(shard: list[Trajectory], renderer, limit: int | None, max_tokens: in
                              message=f"renders to {length} tokens, over {bound} of {limit}: not scored"))
         log(f"cover: trajectory {trajectory.id[:12]} renders to {length} tokens (limit {limit}): rejected as too_long")
     return kept
-
-
-def _shards(items: Iterable[Trajectory], size: int) -> Iterator[list[Trajectory]]:
-    shard: list[Trajectory] = []
-    for item in items:
-        shard.append(item)
-        if len(shard) >= size:
-            yield shard
-            shard = []
-    if shard:
-        yield shard
 
 
 def compress(store: ArtifactStore, trajectories_digest: str, decisions_digest: str, checkpoint: str,

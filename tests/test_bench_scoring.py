@@ -1,18 +1,28 @@
 """The scoring benchmark on a tiny workload: structure of its report, identical decisions across
 methods (and what was compared), the token counts ordered as the algorithms imply (no timing
-assertions), and the memory bench running the real cover stage."""
+assertions), the real-checkpoint mode on a JSONL file, and the memory bench running the real cover
+stage."""
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import pytest
 
 from bench.baselines import NaiveScorer
 from bench.cli import add_bench_parser
-from bench.report import format_table
-from bench.scoring import BenchOptions, MethodRun, check_identical, compare_decisions, run_bench
+from bench.cli import main as bench_main
+from bench.report import format_real_table, format_table
+from bench.scoring import (
+    BenchOptions,
+    MethodRun,
+    check_identical,
+    compare_decisions,
+    decision_mix_note,
+    run_bench,
+)
 from bench.workload import Workload, synthetic_trajectories
 from race_core.render import OBSERVATION_PREFIX, Renderer
 
@@ -78,6 +88,77 @@ def test_bench_report_structure_and_identical_decisions(report):
     assert demo["hf+early-reject"]["tokens_processed"] <= demo["hf"]["tokens_processed"]
 
 
+@pytest.fixture(scope="module")
+def real_run(tiny_checkpoint, tmp_path_factory):
+    """`bench_scoring --checkpoint --input` on expert trajectories in a JSONL file with one bad line."""
+    from race_core.envs.expert import expert_dataset
+
+    folder = tmp_path_factory.mktemp("real-bench")
+    data = folder / "expert.jsonl"
+    lines = [json.dumps(t.to_dict()) for t in expert_dataset(6, seed=1)]
+    data.write_text("\n".join([*lines[:3], '{"question": "no turns"}', *lines[3:]]) + "\n")
+    out = folder / "report.json"
+    assert bench_main(["--checkpoint", str(tiny_checkpoint), "--input", str(data), "--batch-size", "4",
+                       "--naive-subset", "2", "--vllm", "off", "--json", str(out)]) == 0
+    return json.loads(out.read_text()), data
+
+
+def test_real_checkpoint_bench_makes_the_same_decisions_with_every_method(real_run):
+    report, data = real_run
+    assert report["mode"] == "checkpoint"
+    (run,) = report["runs"]
+    assert (run["N"], run["input"], run["epsilon"]) == (6, str(data), 0.001)
+    assert run["decisions_identical"] is True
+    assert [c["method"] for c in run["decisions_compared"]["methods"]] == ["hf+early-reject", "full-forward", "naive"]
+    assert all(c["identical"] for c in run["decisions_compared"]["methods"])
+    methods = {m["name"]: m for m in run["methods"]}
+    assert set(methods) == {"hf", "hf+early-reject", "full-forward", "naive"}
+    assert methods["naive"]["measured_on"] == 2 and methods["hf"]["measured_on"] == 6
+    assert 0 < run["accepted_removals"] < run["candidates"]  # ε 0.001 gives mixed decisions on these
+    for name in ("hf", "hf+early-reject", "full-forward"):  # run on all 6: the same mix as hf
+        assert (methods[name]["accepted_removals"], methods[name]["candidates"]) == (
+            run["accepted_removals"], run["candidates"])
+    bound = run["bound"]
+    assert bound["tokens"] > 0 and bound["wall_s"] > 0 and bound["forward_tokens_per_s"] > 0
+    assert methods["hf"]["tokens_processed"] == bound["tokens"]  # prefix reuse feeds exactly the bound
+    assert methods["hf"]["tokens_vs_bound"] == 1.0
+    assert methods["hf+early-reject"]["tokens_vs_bound"] <= 1.0 < methods["full-forward"]["tokens_vs_bound"]
+    for m in methods.values():
+        assert m["time_vs_bound"] == pytest.approx(m["wall_s"] / bound["wall_s"])
+    assert 0 <= run["scorer_noise"] < 1e-4
+
+
+def test_real_checkpoint_bench_reports_the_rejected_line(real_run):
+    report, data = real_run
+    (run,) = report["runs"]
+    assert run["rejects"] == 1
+    assert (run["first_rejects"][0]["file"], run["first_rejects"][0]["line"]) == (str(data), 4)
+    table = format_real_table(run)
+    assert f"{data}:4 [" in table
+    hf_row = next(line for line in table.splitlines() if line.startswith("| hf |"))
+    assert hf_row.endswith(f"| {run['accepted_removals']} / {run['candidates']} |")
+    assert "| hf+early-reject |" in table and "| work bound |" in table
+
+
+def test_real_checkpoint_bench_refuses_an_input_with_nothing_to_score(tiny_checkpoint, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "no turns"}\nnot json\n')
+    with pytest.raises(ValueError, match=re.escape(f"--input '{bad}': no trajectory to score (2 rejected; first: line 1")):
+        run_bench(BenchOptions(checkpoint=str(tiny_checkpoint), input=str(bad), vllm="off"))
+    missing = tmp_path / "missing.jsonl"
+    with pytest.raises(FileNotFoundError, match=re.escape(f"--input '{missing}': no such file")):
+        run_bench(BenchOptions(checkpoint=str(tiny_checkpoint), input=str(missing), vllm="off"))
+    with pytest.raises(ValueError, match="--checkpoint and --input go together"):
+        run_bench(BenchOptions(checkpoint=str(tiny_checkpoint), vllm="off"))
+
+
+def test_decision_mix_note_names_the_epsilon_when_decisions_are_all_alike():
+    assert decision_mix_note(3, 7, 0.5) is None
+    assert "0.5 rejected every candidate" in decision_mix_note(0, 7, 0.5)
+    assert "2 accepted every candidate" in decision_mix_note(7, 7, 2.0)
+    assert "no candidate" in decision_mix_note(0, 0, 0.5)
+
+
 def test_race_bench_scoring_parses(tmp_path):
     import argparse
 
@@ -102,10 +183,3 @@ def test_a_method_with_other_decisions_fails_the_comparison(expert_trajectories)
         check_identical(comparison)
 
 
-def test_memory_bench_runs_the_cover_stage(tiny_checkpoint):
-    from bench.memory import memory_child
-
-    row = memory_child("tiny", str(tiny_checkpoint.parent), n=3, shard_size=2, turns=2, batch_size=2)
-    assert (row["N"], row["shard_size"], row["T"]) == (3, 2, 2)
-    assert 0 <= row["accepted_removals"] <= 3
-    assert row["peak_rss_mb"] >= row["rss_after_load_mb"] > 0

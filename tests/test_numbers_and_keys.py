@@ -16,7 +16,8 @@ from race_core.config import CoverConfig, EvalConfig, Resources, RLConfig
 from race_core.cover import NON_FINITE, ScorerNoiseError, as_scorer, check_noise, logic_cover
 from race_core.decisions import CoverContext, decision_rows
 from race_core.envs.calculator import ENV_REVISION
-from race_core.policy import DIGEST_CHUNK, checkpoint_digest
+from race_core.policy import DIGEST_CHUNK, checkpoint_digest, load_tokenizer
+from race_core.render import Renderer
 from race_core.schema import Trajectory, Turn
 from storage import ArtifactStore
 from storage.parquet import read_dataset, write_dataset, write_dataset_to_store
@@ -44,16 +45,9 @@ class Scores:
         return out
 
 
-class WordRenderer:
-    """Just enough of a Renderer for `decision_rows`: a token is a word."""
-
-    def encode(self, text: str) -> tuple[str, ...]:
-        return tuple(text.split())
-
-
 # -- non-finite scores --------------------------------------------------------------------------
 @pytest.mark.parametrize("early_reject", [False, True])
-def test_a_nan_drop_after_a_finite_one_is_a_non_finite_reject(tmp_path, early_reject):
+def test_a_nan_drop_after_a_finite_one_is_a_non_finite_reject(tmp_path, early_reject, tiny_checkpoint):
     # Removing reasoning 1: d_1 = 5e-4 (fine), d_2 = NaN. Python's max([5e-4, nan]) is 5e-4.
     scorer = Scores({((1,), 1): -5e-4, ((1,), 2): math.nan})
     result = logic_cover([make()], scorer, EPS, early_reject=early_reject)[0]
@@ -64,7 +58,7 @@ def test_a_nan_drop_after_a_finite_one_is_a_non_finite_reject(tmp_path, early_re
     assert result.audit[1]["accepted"] is True and result.audit[1]["reason"] is None  # turn 2 is unaffected
 
     ctx = CoverContext(model_digest="m" * 64, epsilon=EPS, backend="plain", render_mode="plain")
-    rows = list(decision_rows([result], WordRenderer(), ctx))
+    rows = list(decision_rows([result], Renderer(load_tokenizer(tiny_checkpoint)), ctx))
     write_dataset("decisions", rows, tmp_path / "decisions.parquet")
     table = read_dataset("decisions", tmp_path / "decisions.parquet", as_arrow=True)
     assert table["reason"].to_pylist() == [NON_FINITE, None]

@@ -1,5 +1,5 @@
 """What users keep, pinned on real files: `compressed.parquet` turn by turn against the input and
-`decisions.parquet`, the OOM backoff of the cover task, and `race report` from a real summary."""
+`decisions.parquet`, and `race report` from a real summary (the OOM backoff: tests/test_kv_budget.py)."""
 
 import contextlib
 import io
@@ -87,61 +87,6 @@ def test_compressed_parquet_matches_the_input_and_the_decisions(covered, tiny_ch
     assert summary["cover"]["removed"] == removed == int(decisions["accepted"].sum())
     assert summary["cover"]["reasoning_tokens_before"] == total_before
     assert summary["cover"]["reasoning_tokens_after"] == total_after
-
-
-class _Log(list):
-    def __call__(self, message: str) -> None:
-        self.append(message)
-
-
-@pytest.mark.parametrize("oom", [lambda b: RuntimeError(f"CUDA out of memory. Tried to allocate {b} GiB"),
-                                 lambda b: MemoryError(f"batch {b}")], ids=["cuda-runtime-error", "MemoryError"])
-def test_oom_backoff_halves_the_batch_until_it_fits(oom):
-    from tasks.pipeline_tasks import with_oom_backoff
-
-    tried, log = [], _Log()
-
-    def run(batch_size):
-        tried.append(batch_size)
-        if batch_size > 4:
-            raise oom(batch_size)
-        return {"batch_size": batch_size}
-
-    assert with_oom_backoff(run, 16, log) == {"batch_size": 4}
-    assert tried == [16, 8, 4]
-    assert log == ["out of memory: retrying with batch size 8", "out of memory: retrying with batch size 4"]
-
-
-def test_oom_backoff_reraises_other_errors_at_once():
-    from tasks.pipeline_tasks import with_oom_backoff
-
-    tried, log = [], _Log()
-
-    def run(batch_size):
-        tried.append(batch_size)
-        raise ValueError("a bad row, not memory")
-
-    with pytest.raises(ValueError, match="a bad row"):
-        with_oom_backoff(run, 16, log)
-    assert tried == [16] and log == []
-
-
-def test_oom_backoff_gives_up_at_batch_one():
-    from tasks.pipeline_tasks import with_oom_backoff
-
-    tried, log = [], _Log()
-
-    def run(batch_size):
-        tried.append(batch_size)
-        raise RuntimeError("CUDA out of memory")
-
-    with pytest.raises(RuntimeError, match="out of memory"):
-        with_oom_backoff(run, 4, log)
-    assert tried == [4, 2, 1] and len(log) == 2
-    tried.clear()
-    with pytest.raises(MemoryError):
-        with_oom_backoff(lambda b: tried.append(b) or (_ for _ in ()).throw(MemoryError()), 1, log)
-    assert tried == [1]
 
 
 def _report_summary(covered, path):

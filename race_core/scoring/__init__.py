@@ -42,6 +42,8 @@ class ScorerStats:
     requests: int = 0
     tokens_processed: int = 0  # tokens fed through the model (padding excluded)
     tokens_reused: int = 0  # tokens whose keys/values came from the prefix cache
+    kv_bytes_peak: int = 0  # most bytes of kept KV-prefix copies held at once (hf: within its KV budget)
+    evictions: int = 0  # KV-prefix copies dropped (or not kept) to stay within the KV budget
     extra: dict = field(default_factory=dict)
 
 

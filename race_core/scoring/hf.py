@@ -7,6 +7,16 @@ longest prefix of token ids with it (compared, never assumed), so after an accep
 candidate becomes the base and after a rejected one the base stays; either way only the suffix from
 the removed reasoning on is fed. Keys must be unique within one `score` call.
 
+Those copies are the one part of the scorer's memory that grows with the work given to it, so they
+are kept within a byte budget (`kv_budget`; 0: `race_core.memory.automatic_kv_budget`, half of
+what the device has free once the model is loaded). A copy is counted at the bytes of its tensors;
+`kv_bytes_per_token` is the same figure from the model's config, for planning. When a new copy
+would pass the budget, the least recently used copies are dropped first (`_KeptPrefixes`); one
+larger than the whole budget is not kept. A dropped copy costs time only: the next request of its
+key reuses a shorter prefix or none and feeds the rest, so the scores differ by float noise alone
+and the decisions stay the same. Not counted: the padded cache a batch builds from its copies and
+its activations while it runs (bounded by `batch_size` and `max_batch_tokens`).
+
 In a batch, cached prefixes are left-padded to a common length and new tokens right-padded; the
 attention mask hides both paddings and position ids are given explicitly, so each row computes what
 it would alone (up to float summation order, which `measure_noise` reports). Padding shifts a row's
@@ -33,12 +43,14 @@ triangles. On the 20M benchmark model (N = 16, T = 16, batch 16) the cover took 
 from __future__ import annotations
 
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from race_core.memory import automatic_kv_budget
 from race_core.policy import pad_token_id
 from race_core.render import Rendered, Renderer
 from race_core.scoring import ScoreRequest, ScorerStats, batch_noise
@@ -85,10 +97,75 @@ NOISE_FACTOR = 32
 _verified: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> what its probe measured
 
 
-@dataclass
+def kv_bytes_per_token(model) -> int:
+    """Bytes of keys and values one token takes in the model's cache, from its config: layers x 2 x
+    key/value heads x head size x the bytes of its dtype (latent-attention models, whose keys and
+    values differ in size, are only approximated; the budget itself counts the tensors)."""
+    config = model.config.get_text_config()
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return config.num_hidden_layers * 2 * kv_heads * head_dim * next(model.parameters()).element_size()
+
+
+@dataclass(eq=False)  # compared and hashed by identity: `_KeptPrefixes` tracks each copy as itself
 class _Prefix:
     ids: np.ndarray  # the token ids the cached keys/values belong to
     kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer, [heads, len, dim]
+    nbytes: int  # of all the tensors in `kv`
+
+
+class _KeptPrefixes:
+    """The KV-prefix copies kept per trajectory key, within `budget` bytes (None: no bound). To make
+    room, the copy least recently used (stored or reused) is dropped first, whichever key it has."""
+
+    def __init__(self, budget: int | None):
+        self.budget = budget
+        self.held = 0  # bytes of all kept copies
+        self._by_key: dict[Hashable, list[_Prefix]] = {}
+        self._use_order: OrderedDict[_Prefix, Hashable] = OrderedDict()  # least recently used first
+
+    def get(self, key: Hashable) -> list[_Prefix]:
+        return list(self._by_key.get(key, ()))
+
+    def used(self, prefix: _Prefix) -> None:
+        self._use_order.move_to_end(prefix)
+
+    def put(self, key: Hashable, entries: list[_Prefix]) -> None:
+        """Make `entries` the copies kept for `key`: the others of `key` are dropped, new ones counted."""
+        for prefix in self._by_key.pop(key, ()):
+            if prefix not in entries:
+                self._forget(prefix)
+        for prefix in entries:
+            if prefix not in self._use_order:
+                self._use_order[prefix] = key
+                self.held += prefix.nbytes
+        if entries:
+            self._by_key[key] = list(entries)
+
+    def make_room(self, nbytes: int) -> tuple[bool, int]:
+        """Drop least recently used copies until `nbytes` more fit the budget: (whether they fit, how
+        many copies were dropped). A size over the whole budget drops nothing and does not fit."""
+        if self.budget is None:
+            return True, 0
+        if nbytes > self.budget:
+            return False, 0
+        dropped = 0
+        while self.held + nbytes > self.budget:
+            prefix, key = next(iter(self._use_order.items()))
+            self._by_key[key].remove(prefix)
+            if not self._by_key[key]:
+                del self._by_key[key]
+            self._forget(prefix)
+            dropped += 1
+        return True, dropped
+
+    def release(self, keys: Sequence[Hashable] | None) -> None:
+        for key in list(self._by_key) if keys is None else keys:
+            self.put(key, [])
+
+    def _forget(self, prefix: _Prefix) -> None:
+        del self._use_order[prefix]
+        self.held -= prefix.nbytes
 
 
 @dataclass
@@ -130,7 +207,8 @@ class HFScorer:
     name = "hf"
 
     def __init__(self, model, tokenizer, *, batch_size: int = 8, prefix_reuse: bool = True,
-                 renderer: Renderer | None = None, max_batch_tokens: int = 65536, chunk_tokens: int = 128):
+                 renderer: Renderer | None = None, max_batch_tokens: int = 65536, chunk_tokens: int = 128,
+                 kv_budget: int = 0):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.renderer = renderer or Renderer(tokenizer)
@@ -144,14 +222,19 @@ class HFScorer:
         self.pad_id = pad_token_id(tokenizer)
         # The Scorer's context limit: the positions the model was built for (None: not stated).
         self.max_length: int | None = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+        if kv_budget < 0:
+            raise ValueError(f"kv_budget must be >= 0 bytes (0 = automatic), got {kv_budget}")
+        self.kv_budget = kv_budget or automatic_kv_budget(str(self.device))
+        self.kv_bytes_per_token = kv_bytes_per_token(model)
         self.stats = ScorerStats()
         self.noise: float | None = None
         # Per trajectory key: the base sequence (the trajectory as currently held) and the last
         # scored candidate, each with its keys/values; see `_reusable`.
-        self._prefixes: dict[Hashable, list[_Prefix]] = {}
+        self._prefixes = _KeptPrefixes(self.kv_budget)
         if model not in _verified:
             _verified[model] = self.verify_against_forward()
         self.stats.extra["probe"] = dict(_verified[model])
+        self.stats.extra.update(kv_budget=self.kv_budget, kv_bytes_per_token=self.kv_bytes_per_token)
 
     @classmethod
     def from_pretrained(cls, checkpoint: str, *, device: str = "cpu", dtype: str = "float32", **options) -> HFScorer:
@@ -161,12 +244,13 @@ class HFScorer:
         return cls(model, tokenizer, **options)
 
     # -- public -------------------------------------------------------------------------------
+    @property
+    def kv_bytes_held(self) -> int:
+        """Bytes of the KV-prefix copies kept now (at most `kv_budget`)."""
+        return self._prefixes.held
+
     def release(self, keys: Sequence[Hashable] | None = None) -> None:
-        if keys is None:
-            self._prefixes.clear()
-        else:
-            for key in keys:
-                self._prefixes.pop(key, None)
+        self._prefixes.release(keys)
 
     @torch.inference_mode()
     def score(self, requests: Sequence[ScoreRequest]) -> list[list[float]]:
@@ -186,7 +270,7 @@ class HFScorer:
         (`batch_noise`); the prefix cache is set aside meanwhile and restored after."""
         saved = (self.batch_size, self.prefix_reuse, self._prefixes)
         try:
-            self._prefixes, self.prefix_reuse = {}, False
+            self._prefixes, self.prefix_reuse = _KeptPrefixes(None), False
             self.batch_size = max(len(requests), 1)
             self.noise = batch_noise(self, requests)
         finally:
@@ -209,7 +293,7 @@ class HFScorer:
         seconds = [np.concatenate([ids[:split], rng.integers(0, vocab, extra)])
                    for ids, split, extra in zip(firsts, (24, 10), (13, 19), strict=True)]
         saved = (self.prefix_reuse, self._prefixes, self.stats)
-        self.prefix_reuse, self._prefixes, self.stats = True, {}, ScorerStats()
+        self.prefix_reuse, self._prefixes, self.stats = True, _KeptPrefixes(None), ScorerStats()
         measured = {"head": 0.0, "scored": 0.0}
         max_logit = 0.0
         try:
@@ -267,17 +351,19 @@ class HFScorer:
         hidden state must be computed)."""
         if not self.prefix_reuse:
             return None, 0
-        entries = self._prefixes.get(key, [])
         best, best_common = None, 0
-        for entry in entries:
+        for entry in self._prefixes.get(key):
             common = _common_prefix(entry.ids, ids)
             if common > best_common:
                 best, best_common = entry, common
-        if best is not None and best_common < len(best.ids):
+        if best is None:
+            return None, 0
+        if best_common < len(best.ids):
             # The request diverges from every cached sequence: the best one is the trajectory as
             # the cover holds it now, the others are outdated candidates.
-            self._prefixes[key] = [best]
+            self._prefixes.put(key, [best])
         # else it continues `best` (a later part of the same candidate): keep the base as well.
+        self._prefixes.used(best)
         return best, min(best_common, limit)
 
     def _batches(self, order: list[int], rows: list[_Row]):
@@ -353,14 +439,23 @@ class HFScorer:
         return cache
 
     def _keep_prefixes(self, rows: list[_Row], past_len: int, width: int, cache) -> None:
-        """Store each row's whole fed sequence (its reused prefix and the new tokens)."""
+        """Store each row's whole fed sequence (its reused prefix and the new tokens), within the KV
+        budget: the sequences it continues are dropped first, then the least recently used copies."""
         layers = _cache_layers(cache)
         kept_lengths = {k.shape[-2] for k, _ in layers}
         if kept_lengths != {width}:
             raise RuntimeError(f"the model's cache kept {sorted(kept_lengths)} positions per layer, not all "
                                f"{width} fed: a truncating (sliding-window) cache cannot be reused")
+        # bytes per position of one row's copy (keys and values differ in size under latent attention)
+        position_bytes = sum(t.shape[1] * t.shape[3] * t.element_size() for layer in layers for t in layer)
         for b, row in enumerate(rows):
             start, end = past_len - row.reused, past_len + len(row.ids) - row.reused
-            kv = [(k[b, :, start:end].clone(), v[b, :, start:end].clone()) for k, v in layers]
-            kept = [e for e in self._prefixes.get(row.key, []) if _common_prefix(e.ids, row.ids) < len(e.ids)]
-            self._prefixes[row.key] = [*kept[-(MAX_SEQUENCES_PER_KEY - 1):], _Prefix(ids=row.ids.copy(), kv=kv)]
+            kept = [e for e in self._prefixes.get(row.key) if _common_prefix(e.ids, row.ids) < len(e.ids)]
+            self._prefixes.put(row.key, kept[-(MAX_SEQUENCES_PER_KEY - 1):])
+            fits, dropped = self._prefixes.make_room((end - start) * position_bytes)
+            self.stats.evictions += dropped + int(not fits)
+            if fits:
+                kv = [(k[b, :, start:end].clone(), v[b, :, start:end].clone()) for k, v in layers]
+                prefix = _Prefix(ids=row.ids.copy(), kv=kv, nbytes=(end - start) * position_bytes)
+                self._prefixes.put(row.key, [*self._prefixes.get(row.key), prefix])
+                self.stats.kv_bytes_peak = max(self.stats.kv_bytes_peak, self._prefixes.held)

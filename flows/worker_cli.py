@@ -1,0 +1,58 @@
+"""`race worker --pool race-gpu --device cuda:N`: one worker of the shard pool per device (DESIGN §8).
+
+It is `prefect worker start --pool POOL --type process --limit 1` with `RACE_DEVICE=DEVICE` in its
+environment, which the child flow runs it starts inherit (`flows.shard` scores on that device).
+Limit 1: one child run, so one model, per device at a time. The process is replaced by the Prefect
+worker (exec), so a signal to it reaches the worker and the runs it started.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import sys
+
+DEVICE = re.compile(r"^(cpu|cuda|cuda:\d+|mps)$")
+
+
+def add_worker_parser(sub) -> None:
+    from deployments import DEFAULT_POOL
+
+    p = sub.add_parser("worker", help="a worker of the GPU pool: scores the cover's shards on one device")
+    p.add_argument("--pool", default=DEFAULT_POOL, help=f"the process work pool (default: {DEFAULT_POOL})")
+    p.add_argument("--device", required=True, help="the device this worker scores on: cuda:N, cuda, cpu")
+    p.add_argument("--name", help="worker name (default: race-<host>-<device>)")
+    p.add_argument("--limit", type=int, default=1, help="child runs at once (default: 1, one model per device)")
+    p.set_defaults(func=cmd_worker)
+
+
+def worker_command(pool: str, device: str, name: str | None = None, limit: int = 1) -> tuple[list[str], dict]:
+    """The `prefect worker start` command line and environment of `race worker`."""
+    from flows.shard import DEVICE_ENV
+
+    if not DEVICE.match(device):
+        raise ValueError(f"--device: {device!r} is not cpu, cuda, cuda:N or mps")
+    if limit < 1:
+        raise ValueError(f"--limit: {limit} is not >= 1")
+    name = name or f"race-{socket.gethostname()}-{device.replace(':', '')}"
+    argv = [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process",
+            "--limit", str(limit), "--name", name]
+    return argv, {**os.environ, DEVICE_ENV: device}
+
+
+def cmd_worker(args) -> int:
+    if not os.environ.get("PREFECT_API_URL"):
+        print("race worker: PREFECT_API_URL is not set; point it at the server `race serve` uses, e.g. "
+              "export PREFECT_API_URL=http://HOST:4200/api", file=sys.stderr)
+        return 2
+    argv, env = worker_command(args.pool, args.device, args.name, args.limit)
+    print(f"race worker: {' '.join(argv[1:])} with {env_line(args.device)}", file=sys.stderr, flush=True)
+    os.execve(argv[0], argv, env)
+    return 0  # not reached
+
+
+def env_line(device: str) -> str:
+    from flows.shard import DEVICE_ENV
+
+    return f"{DEVICE_ENV}={device}"

@@ -1,0 +1,74 @@
+"""Memory the HF scorer may keep (DESIGN §9): byte sizes written for people (`2GiB`), the memory a
+device has free, and the automatic KV budget.
+
+The scorer keeps copies of the keys/values of each trajectory's prefix so later rounds of the cover
+feed only the changed suffix (`race_core.scoring.hf`). Those copies are the only part of its memory
+that grows with the work given to it, so they are held under a byte budget. The automatic budget
+(`Resources.kv_budget = 0`) is KV_MEMORY_SHARE of what the device has free when the scorer is built,
+after the model is loaded: the other half stays for the forward's working set (the batch's padded
+cache, activations, logits) and for the rest of the process. Free memory is, on CUDA,
+`torch.cuda.mem_get_info` plus what torch's allocator has reserved but not handed out; on the CPU,
+the kernel's `MemAvailable` (/proc/meminfo) or, where there is none, psutil's `available`.
+"""
+
+from __future__ import annotations
+
+import re
+
+KV_MEMORY_SHARE = 0.5
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*")
+
+
+def parse_size(value: int | str) -> int:
+    """Bytes from an int or a size such as `2GiB`, `512 MiB`, `1.5GB` or `1000000` (binary units
+    KiB..TiB, decimal kB..TB); ValueError naming the accepted forms otherwise."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a byte size")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"{value} is not a byte size: it is negative")
+        return value
+    match = _SIZE.fullmatch(str(value).lower())
+    if not match or match[2] not in _UNITS:
+        raise ValueError(f"{value!r} is not a byte size: expected bytes (1000000) or a number with one of "
+                         f"the units KiB, MiB, GiB, TiB, kB, MB, GB, TB (2GiB, 512MiB)")
+    return int(float(match[1]) * _UNITS[match[2]])
+
+
+def format_size(n: int) -> str:
+    """`1536` -> `1.5 KiB`: bytes in the largest binary unit below them."""
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def available_memory(device: str) -> int:
+    """Bytes free on `device` (`cpu`, `cuda`, `cuda:N`) now; see the module docstring."""
+    if device.startswith("cuda"):
+        import torch
+
+        index = torch.device(device).index
+        index = torch.cuda.current_device() if index is None else index
+        free, _ = torch.cuda.mem_get_info(index)
+        return int(free + torch.cuda.memory_reserved(index) - torch.cuda.memory_allocated(index))
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        import psutil
+    except ImportError:
+        raise RuntimeError("cannot tell how much memory is free here (no /proc/meminfo, psutil not "
+                           "installed): set the KV budget yourself (--kv-budget, e.g. 2GiB)") from None
+    return int(psutil.virtual_memory().available)
+
+
+def automatic_kv_budget(device: str) -> int:
+    """KV_MEMORY_SHARE of the memory free on `device` now, in bytes."""
+    return int(KV_MEMORY_SHARE * available_memory(device))

@@ -1,0 +1,178 @@
+"""The HF scorer's KV-prefix copies stay within a byte budget (issue 16): dropping copies costs time,
+never decisions; the budget is a resource, not part of the cover's key; out of memory shrinks both the
+batch and the budget."""
+
+import pytest
+
+from flows.cli import build_parser
+from flows.options import config_from_args
+from race_core.config import CoverConfig, PipelineConfig, Resources
+from race_core.cover import logic_cover
+from race_core.memory import KV_MEMORY_SHARE, automatic_kv_budget, available_memory, format_size, parse_size
+from race_core.policy import checkpoint_digest
+from race_core.scoring import ScoreRequest
+from race_core.scoring.hf import HFScorer
+from storage import ArtifactStore
+from tasks import stages
+from tasks.pipeline_tasks import KV_BUDGET_FLOOR, with_oom_backoff
+
+EPS = 1e-3
+UNBOUNDED = 10**15
+DROP_TOLERANCE = 1e-6  # float summation order only (see tests/test_cover.py)
+
+
+def tensor_bytes(scorer: HFScorer) -> int:
+    """Bytes of the kept copies counted from the tensors themselves, not from the scorer's own tally."""
+    store = scorer._prefixes  # the private store: this test checks its bookkeeping against the tensors
+    return sum(t.nbytes for key in list(store._by_key) for p in store.get(key) for kv in p.kv for t in kv)
+
+
+def test_kv_bytes_per_token_from_the_config_is_what_the_kept_copies_take(tiny_policy, expert_trajectories):
+    model, tokenizer = tiny_policy
+    scorer = HFScorer(model, tokenizer, kv_budget=UNBOUNDED)
+    scorer.score([ScoreRequest(i, t) for i, t in enumerate(expert_trajectories[:3])])
+    store = scorer._prefixes
+    tokens = sum(p.ids.size for key in list(store._by_key) for p in store.get(key))
+    assert scorer.kv_bytes_per_token == 2 * 2 * 1 * 32 * 4  # TINY: 2 layers x K,V x 1 kv head x 32 x float32
+    assert scorer.kv_bytes_held == tensor_bytes(scorer) == tokens * scorer.kv_bytes_per_token > 0
+    assert scorer.stats.kv_bytes_peak == scorer.kv_bytes_held
+    scorer.release()
+    assert scorer.kv_bytes_held == tensor_bytes(scorer) == 0
+
+
+@pytest.mark.parametrize("budget_tokens", [0, 300, 1200])  # 0: one byte, nothing is kept; one trajectory is ~100-400
+def test_a_small_kv_budget_gives_the_decisions_and_drops_of_an_unbounded_one(tiny_policy, expert_trajectories,
+                                                                             budget_tokens):
+    model, tokenizer = tiny_policy
+    trajectories = expert_trajectories[:10]
+    unbounded = HFScorer(model, tokenizer, batch_size=4, kv_budget=UNBOUNDED)
+    reference = logic_cover(trajectories, unbounded, EPS)
+    budget = max(1, budget_tokens * unbounded.kv_bytes_per_token)
+    bounded = HFScorer(model, tokenizer, batch_size=4, kv_budget=budget)
+    held_after_rounds = []
+
+    def after_round(t: int, n: int, last: int) -> None:
+        held_after_rounds.append((bounded.kv_bytes_held, tensor_bytes(bounded)))
+
+    results = logic_cover(trajectories, bounded, EPS, progress=after_round)
+    assert [r.skipped_turns for r in results] == [r.skipped_turns for r in reference]
+    assert any(r.skipped_turns for r in reference) and any(
+        not e["accepted"] for r in reference for e in r.audit if not e["skipped_empty"])
+    for got, want in zip(results, reference, strict=True):
+        assert got.trajectory == want.trajectory
+        assert [(e["turn"], e["accepted"]) for e in got.audit] == [(e["turn"], e["accepted"]) for e in want.audit]
+        for a, b in zip(got.audit, want.audit, strict=True):
+            assert a["drops"] == pytest.approx(b["drops"], abs=DROP_TOLERANCE)
+    assert held_after_rounds and all(held == counted <= budget for held, counted in held_after_rounds)
+    assert bounded.stats.kv_bytes_peak <= budget < unbounded.stats.kv_bytes_peak
+    assert bounded.stats.evictions > 0 and unbounded.stats.evictions == 0
+    assert bounded.stats.tokens_processed > unbounded.stats.tokens_processed  # the dropped prefixes were fed again
+    if budget_tokens == 0:
+        assert bounded.stats.kv_bytes_peak == 0 and bounded.stats.tokens_reused == 0
+
+
+def test_the_automatic_budget_is_a_share_of_the_free_memory(tiny_policy):
+    model, tokenizer = tiny_policy
+    free = available_memory("cpu")
+    scorer = HFScorer(model, tokenizer)  # kv_budget 0: automatic
+    assert 0 < scorer.kv_budget <= KV_MEMORY_SHARE * free * 1.5  # the free memory moves a little meanwhile
+    assert scorer.stats.extra["kv_budget"] == scorer.kv_budget
+    assert 0 < automatic_kv_budget("cpu") < free * 1.5
+    with pytest.raises(ValueError, match="kv_budget must be >= 0"):
+        HFScorer(model, tokenizer, kv_budget=-1)
+
+
+def test_sizes_are_read_as_people_write_them_and_a_bad_one_names_the_option():
+    assert [parse_size(x) for x in ("2GiB", "512 MiB", "1.5GB", "1000000", "64kib", 7)] == [
+        2 * 2**30, 512 * 2**20, 1_500_000_000, 1_000_000, 64 * 1024, 7]
+    assert format_size(3 * 2**29) == "1.5 GiB" and format_size(512) == "512 B"
+    assert Resources(kv_budget="2GiB").kv_budget == 2 * 2**30
+    for bad in ("2 parsecs", "-1", -5, "GiB"):
+        with pytest.raises(ValueError, match="parameter 'resources.kv_budget'"):
+            Resources(kv_budget=bad)
+    args = build_parser().parse_args(["run", "--input", "a.jsonl", "--checkpoint", "/m", "--kv-budget", "512MiB"])
+    assert config_from_args(PipelineConfig(), args).resources.kv_budget == 512 * 2**20
+
+
+def test_the_kv_budget_is_not_part_of_the_cover_key(tiny_checkpoint, demo_inputs, tmp_path):
+    store = ArtifactStore(str(tmp_path / "store"))
+    trajectories = stages.ingest(store, demo_inputs)["objects"]["trajectories"]
+    log: list[str] = []
+    first = stages.cover(store, trajectories, str(tiny_checkpoint), checkpoint_digest(tiny_checkpoint), CoverConfig(),
+                         Resources(kv_budget="128KiB", batch_size=4), log=log.append)
+    assert first["cached"] is False
+    assert first["metrics"]["kv_evictions"] > 0 and 0 < first["metrics"]["kv_bytes_peak"] <= 128 * 1024
+    assert any("KV-prefix copies kept within 128.0 KiB (512 B per token)" in line for line in log)
+    again = stages.cover(store, trajectories, str(tiny_checkpoint), checkpoint_digest(tiny_checkpoint), CoverConfig(),
+                         Resources(batch_size=4))  # automatic budget: the same decisions, so the same key
+    assert again["cached"] is True and again["objects"] == first["objects"]
+
+
+class _Log(list):
+    def __call__(self, message: str) -> None:
+        self.append(message)
+
+
+def test_out_of_memory_halves_the_batch_and_the_kv_budget_and_says_so():
+    tried, log = [], _Log()
+
+    def run(resources):
+        tried.append((resources.batch_size, resources.kv_budget))
+        if resources.batch_size > 4:
+            raise MemoryError("injected")  # a fake OOM, raised on purpose: the real one would need a full machine
+        return {"ran_with": resources}
+
+    result = with_oom_backoff(run, Resources(batch_size=16, kv_budget="1GiB"), log)
+    assert result["ran_with"] == Resources(batch_size=4, kv_budget="256MiB")
+    assert tried == [(16, 2**30), (8, 2**29), (4, 2**28)]
+    assert log == ["out of memory: retrying with batch size 8 (was 16) and KV budget 512.0 MiB (was 1.0 GiB)",
+                   "out of memory: retrying with batch size 4 (was 8) and KV budget 256.0 MiB (was 512.0 MiB)"]
+
+
+def test_out_of_memory_resolves_an_automatic_budget_before_halving_it():
+    tried, log = [], _Log()
+
+    def run(resources):
+        tried.append(resources)
+        if len(tried) == 1:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")  # injected fake OOM
+        return {}
+
+    with_oom_backoff(run, Resources(batch_size=8), log)
+    assert tried[0].kv_budget == 0 and tried[1].batch_size == 4
+    assert KV_BUDGET_FLOOR <= tried[1].kv_budget <= automatic_kv_budget("cpu")
+    assert "(was automatic: half the free memory, " in log[0] and log[0].endswith(" now)")
+
+
+def test_out_of_memory_gives_up_when_nothing_can_shrink_and_other_errors_are_not_retried():
+    tried = []
+
+    def oom(resources):
+        tried.append((resources.batch_size, resources.kv_budget))
+        raise MemoryError("injected")  # a fake OOM on every try
+
+    with pytest.raises(MemoryError):
+        with_oom_backoff(oom, Resources(batch_size=2, kv_budget=4 * KV_BUDGET_FLOOR), _Log())
+    assert tried == [(2, 4 * KV_BUDGET_FLOOR), (1, 2 * KV_BUDGET_FLOOR), (1, KV_BUDGET_FLOOR)]
+
+    tried.clear()
+
+    def bad_row(resources):
+        tried.append(resources.batch_size)
+        raise ValueError("a bad row, not memory")
+
+    with pytest.raises(ValueError, match="a bad row"):
+        with_oom_backoff(bad_row, Resources(batch_size=16), _Log())
+    assert tried == [16]
+
+
+def test_the_memory_bench_reports_peak_rss_and_the_kv_bytes_held_at_the_peak(tiny_checkpoint):
+    from bench.memory import format_rows, memory_bench
+
+    [row] = memory_bench("tiny", str(tiny_checkpoint.parent), [3], shard_size=2, turns=2, batch_size=2,
+                         kv_budget=128 * 1024)
+    assert (row["N"], row["shard_size"], row["T"]) == (3, 2, 2)
+    assert 0 <= row["accepted_removals"] <= 3
+    assert row["peak_rss_mb"] >= row["rss_after_load_mb"] > 0
+    assert 0 < row["kv_bytes_peak"] <= row["kv_budget"] == 128 * 1024 and row["kv_evictions"] > 0
+    assert "| tiny | 3 | 2 | 2 |" in format_rows([row]) and "128.0 KiB" in format_rows([row])

@@ -1,0 +1,145 @@
+"""The cover's progress as a person reads it (issue 16): bound tokens and candidates done of the
+predicted totals, rate and ETA; a bar on a terminal, plain lines elsewhere, the same figures in the
+Prefect progress artifact."""
+
+import fcntl
+import os
+import struct
+import termios
+
+import pytest
+
+from bench.baselines import bound_tokens
+from race_core.cover import CoverResult, logic_cover
+from race_core.progress import CoverProgress, ProgressFigures, bound_tokens_by_round
+from race_core.render import Renderer
+from race_core.scoring.hf import HFScorer
+
+EPS = 1e-3
+
+
+def candidate_count(trajectories) -> int:
+    return sum(t > 0 and bool(turn.reasoning) for x in trajectories for t, turn in enumerate(x.turns))
+
+
+@pytest.fixture(scope="module")
+def covered(tiny_policy, expert_trajectories):
+    model, tokenizer = tiny_policy
+    return logic_cover(expert_trajectories, HFScorer(model, tokenizer), EPS)
+
+
+def test_the_bound_known_before_the_cover_is_the_work_bound_after_it(tiny_policy, expert_trajectories, covered):
+    renderer = Renderer(tiny_policy[1])
+    assert sum(len(r.skipped_turns) for r in covered) > 0  # accepted removals shorten later candidates
+    all_rejected = [CoverResult(trajectory=t, skipped_turns=(), audit=[], original=t) for t in expert_trajectories]
+    predicted = sum(sum(bound_tokens_by_round(t, renderer)) for t in expert_trajectories)
+    assert predicted == bound_tokens(renderer, covered) == bound_tokens(renderer, all_rejected)
+
+
+def run_shards(progress: CoverProgress, scorer: HFScorer, shards) -> None:
+    """What the cover stage does with its shards (tasks.stages.cover)."""
+    for shard in shards:
+        logic_cover(shard, scorer, EPS, progress=progress.shard(shard, scorer.renderer))
+    progress.close()
+
+
+def test_done_reaches_the_predicted_total_exactly_and_plain_lines_say_where_the_cover_is(
+        tiny_policy, expert_trajectories):
+    model, tokenizer = tiny_policy
+    scorer = HFScorer(model, tokenizer)
+    shards = [expert_trajectories[:12], expert_trajectories[12:]]
+    lines, published = [], []
+    progress = CoverProgress(log=lines.append, publish=published.append, bar=False, interval_s=0)
+    run_shards(progress, scorer, shards)
+    bound = sum(sum(bound_tokens_by_round(t, scorer.renderer)) for t in expert_trajectories)
+    final = progress.figures
+    assert (final.tokens_done, final.tokens_total) == (bound, bound)
+    assert final.candidates_done == final.candidates_total == candidate_count(expert_trajectories) > 0
+    assert final.fraction == 1.0 and final.eta_s == 0.0 and final.rate > 0
+    rounds = sum(max(len(t.turns) for t in shard) for shard in shards)  # round 0 and every candidate round
+    assert len(published) == len(lines) == rounds
+    assert all(isinstance(f, ProgressFigures) for f in published)
+    # without the trajectory count the totals grow with each shard begun, the work done never goes back
+    assert [f.tokens_done for f in published] == sorted(f.tokens_done for f in published)
+    assert lines[0].startswith("cover: trajectories 1-12: round 0/")
+    assert "12 trajectories in full;" in lines[0] and "tokens/s" in lines[0] and "ETA" in lines[0]
+    assert lines[-1].startswith("cover: trajectories 13-20: round ")
+    assert f"{bound:,}/{bound:,} tokens (100%)" in lines[-1] and "ETA 0:00" in lines[-1]
+
+
+def test_with_the_trajectory_count_the_total_is_extrapolated_and_lines_are_spaced(tiny_policy, expert_trajectories):
+    model, tokenizer = tiny_policy
+    scorer = HFScorer(model, tokenizer)
+    shard = expert_trajectories[:6]
+    lines, published = [], []
+    # 2 shards of the same 6 trajectories and 3 refused ones: the first shard predicts the total exactly
+    progress = CoverProgress(15, log=lines.append, publish=published.append, bar=False, interval_s=3600)
+    progress.skip(3)
+    run_shards(progress, scorer, [shard, shard])
+    one_shard = sum(sum(bound_tokens_by_round(t, scorer.renderer)) for t in shard)
+    assert {f.tokens_total for f in published} == {2 * one_shard}
+    assert {f.candidates_total for f in published} == {2 * candidate_count(shard)}
+    half = published[len(published) // 2 - 1]  # the first shard's last round
+    assert half.fraction == 0.5 and half.trajectories_begun == 6 and half.trajectories_total == 15
+    assert published[-1].fraction == 1.0
+    # an hour between plain lines: the first round's line, then the last one, held back until close
+    assert len(lines) == 2
+    assert lines[0].startswith("cover: trajectories 4-9 of 15: round 0/")
+    assert lines[1].startswith("cover: trajectories 10-15 of 15: round ") and "(100%)" in lines[1]
+
+
+def test_a_terminal_gets_a_bar_redrawn_in_place_and_log_lines_above_it(tiny_policy, expert_trajectories):
+    model, tokenizer = tiny_policy
+    scorer = HFScorer(model, tokenizer)
+    controller, terminal = os.openpty()  # a real pseudo-terminal: `isatty` is what decides
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 160, 0, 0))  # 160 columns
+    os.set_blocking(controller, False)
+    lines = []
+    with os.fdopen(terminal, "w") as stream:
+        progress = CoverProgress(log=lambda m: (lines.append(m), print(m, file=stream, flush=True)),
+                                 stream=stream)
+        shard = expert_trajectories[:4]
+        callback = progress.shard(shard, scorer.renderer)
+        logic_cover(shard, scorer, EPS, progress=callback)
+        progress.log("cover: 4 trajectories scored")
+        progress.close()
+        stream.flush()
+        shown = os.read(controller, 1 << 20).decode()
+    os.close(controller)
+    assert lines == ["cover: 4 trajectories scored"]  # no plain progress lines on a terminal
+    assert shown.count("\r") > max(len(t.turns) for t in shard)  # one redraw per round at least
+    assert "cover |" in shown and "█" in shown and "tokens (100%)" in shown and "ETA 0:00" in shown
+    assert "cover: 4 trajectories scored" in shown
+
+
+def test_the_prefect_cover_task_publishes_the_same_figures(prefect_harness, tiny_checkpoint, demo_inputs, tmp_path):
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from race_core.config import CoverConfig, Resources
+    from race_core.policy import load_tokenizer
+    from storage import ArtifactStore
+    from tasks import stages
+    from tasks.pipeline_tasks import cover_task
+    from tasks.training_stages import PolicyRef
+
+    store = str(tmp_path / "store")
+    ingested = stages.ingest(ArtifactStore(store), demo_inputs)
+
+    @flow
+    def cover_only():
+        return cover_task(store, ingested, PolicyRef.local(tiny_checkpoint), CoverConfig(), Resources(shard_size=3))
+
+    manifest = cover_only()
+    assert manifest["metrics"]["trajectories"] == 8
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["race-cover-progress"])))
+    latest = max(artifacts, key=lambda a: a.updated)
+    assert latest.type == "progress" and latest.data == 100.0
+    trajectories = list(stages.iter_trajectories(ArtifactStore(store), ingested["objects"]["trajectories"]))
+    bound = bound_tokens(Renderer(load_tokenizer(tiny_checkpoint)),
+                         [CoverResult(trajectory=t, skipped_turns=(), audit=[], original=t) for t in trajectories])
+    assert latest.description.startswith(f"LoGiC cover: {bound:,}/{bound:,} tokens (100%), ")
+    assert "candidates" in latest.description and "ETA 0:00" in latest.description

@@ -1,0 +1,228 @@
+"""Scale-out on loopback (issue 16): a real `prefect server start`, a moto S3 server as the store,
+`race serve` (the pool, the `gpu` limit, the shard deployment) and two `race worker` processes on
+CPU. `race run --pool race-gpu` scores the cover's shards as child flow runs on the workers: every
+decision equals the one-process cover's. Then a run during which one worker's process group is
+SIGKILLed while its child run holds a lease: the run completes, the dead worker's shards scored
+on the other one, each shard committed once, every object in the store intact."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from test_server import free_port, wait_until
+
+from race_core.config import CoverConfig, Resources
+from race_core.policy import checkpoint_digest
+from storage import ArtifactStore, read_dataset_from_store
+from tasks import stages
+from tasks.shards import SHARD_STAGE, plan_shards, shard_key, shard_scope
+
+pytestmark = pytest.mark.slow
+
+BUCKET = "race-test"
+SHARD_SIZE = 2
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def loopback(tmp_path_factory, tiny_checkpoint):
+    """moto S3 + Prefect server + `race serve`; yields (env for race processes, tmp folder)."""
+    import boto3
+
+    tmp = tmp_path_factory.mktemp("scale-out")
+    s3_port, api_port = free_port(), free_port()
+    endpoint, api = f"http://127.0.0.1:{s3_port}", f"http://127.0.0.1:{api_port}/api"
+    env = {**os.environ, "PREFECT_HOME": str(tmp / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_UI_ENABLED": "false", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x",
+           "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint, "FSSPEC_S3_ENDPOINT_URL": endpoint,
+           "PREFECT_WORKER_QUERY_SECONDS": "2", "RACE_RETRY_DELAY_S": "0", "HF_HUB_OFFLINE": "1",
+           "TOKENIZERS_PARALLELISM": "false"}
+    for name in ("PREFECT_API_URL", "RACE_ALLOWED_ROOTS", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        env.pop(name, None)
+    logs: list = []
+    procs: list[subprocess.Popen] = []
+    patch = pytest.MonkeyPatch()
+
+    def start(name: str, argv: list[str], **extra) -> subprocess.Popen:
+        logs.append(open(tmp / f"{name}.log", "w"))
+        procs.append(subprocess.Popen(argv, env={**env, **extra}, stdout=logs[-1], stderr=subprocess.STDOUT,
+                                      cwd=REPO, start_new_session=True))
+        return procs[-1]
+
+    try:
+        start("moto", [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(s3_port)])
+        start("server", [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
+                         str(api_port)])
+        wait_until(lambda: _answers(f"{endpoint}/"), 60, "the moto S3 server")
+        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="x",
+                     aws_secret_access_key="x").create_bucket(Bucket=BUCKET)
+        wait_until(lambda: _answers(f"{api}/health"), 180, "the Prefect server")
+        env["PREFECT_API_URL"] = api
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL",
+                     "FSSPEC_S3_ENDPOINT_URL"):  # this process reads the store too
+            patch.setenv(name, env[name])
+        patch.delenv("AWS_SESSION_TOKEN", raising=False)
+        serve = start("serve", [sys.executable, "-m", "flows.cli", "serve", "--checkpoint", str(tiny_checkpoint),
+                                "--store", f"s3://{BUCKET}/served", "--inbox", str(tmp / "inbox" / "*.jsonl"),
+                                "--gpu-slots", "2"])
+        wait_until(lambda: serve.poll() is not None and pytest.fail(_tail(tmp / "serve.log")) or
+                   "work pool 'race-gpu'" in (tmp / "serve.log").read_text(), 180, "race serve to deploy the pool")
+        yield env, tmp
+    finally:
+        for proc in reversed(procs):
+            _kill(proc)
+        for log in logs:
+            log.close()
+        patch.undo()
+
+
+def _answers(url: str) -> bool:
+    try:
+        return urllib.request.urlopen(url, timeout=2).status == 200
+    except OSError:
+        return False
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(30)
+
+
+def _tail(path: Path, n: int = 4000) -> str:
+    return path.read_text()[-n:] if path.exists() else f"({path} not written)"
+
+
+@pytest.fixture(scope="module")
+def baseline(tiny_checkpoint, tmp_path_factory):
+    """The one-process cover (no Prefect) of the same input at the same shard size."""
+    from tasks.local import demo_inputs
+
+    home = tmp_path_factory.mktemp("baseline")
+    inputs = demo_inputs(home, n=8, seed=11)
+    store = ArtifactStore(home / "store")
+    ingested = stages.ingest(store, inputs)
+    manifest = stages.cover(store, ingested["objects"]["trajectories"], str(tiny_checkpoint),
+                            checkpoint_digest(tiny_checkpoint), resources=Resources(shard_size=SHARD_SIZE))
+    decisions = read_dataset_from_store(store, manifest["objects"]["decisions"], "decisions")
+    print(f"one-process cover: {manifest['wall_s']} s (model load included)")
+    return inputs, manifest["objects"]["decisions"], decisions
+
+
+def _workers(start_worker, n: int = 2) -> list[subprocess.Popen]:
+    return [start_worker(f"worker{i}", [sys.executable, "-m", "flows.cli", "worker", "--pool", "race-gpu",
+                                        "--device", "cpu", "--name", f"w{i}-{time.monotonic_ns()}"])
+            for i in range(n)]
+
+
+def _race_run(env, inputs, checkpoint, store_url: str, log: Path, pool_shards: int) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "run", "--input", *inputs, "--checkpoint", str(checkpoint),
+         "--store", store_url, "--stages", "ingest", "validate", "cover", "compress", "--shard-size",
+         str(SHARD_SIZE), "--pool", "race-gpu", "--pool-shards", str(pool_shards), "--lease-timeout", "20"],
+        env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+
+
+def _summary(log: Path) -> dict:
+    text = log.read_text()
+    return json.loads(text[text.index("{\n"):])
+
+
+def _check_store(store: ArtifactStore, scope: str, expected_keys: set[str]) -> None:
+    """Each shard committed once, under its content key; every object's bytes hash to its name."""
+    shard_keys = set(store.list_manifests(SHARD_STAGE))
+    assert shard_keys == expected_keys
+    for key in shard_keys:
+        manifest = store.read_manifest(SHARD_STAGE, key)
+        assert manifest["key"] == key and store.manifest_damage(manifest) is None
+    objects = list(store.iter_objects())
+    assert objects and all(store.verify_object(digest) for digest in objects)
+
+
+def _run_with_workers(loopback, baseline, tiny_checkpoint, name: str, pool_shards: int, kill: bool):
+    env, tmp = loopback
+    inputs, _, _ = baseline
+    logs, procs = [], []
+
+    def start_worker(label, argv):
+        logs.append(open(tmp / f"{name}-{label}.log", "w"))
+        procs.append(subprocess.Popen(argv, env=env, stdout=logs[-1], stderr=subprocess.STDOUT, cwd=REPO,
+                                      start_new_session=True))
+        return procs[-1]
+
+    store = ArtifactStore(f"s3://{BUCKET}/{name}")
+    run_log = tmp / f"{name}-run.log"
+    workers = _workers(start_worker)
+    started = time.monotonic()
+    run = _race_run(env, inputs, tiny_checkpoint, store.url, run_log, pool_shards)
+    killed = None
+    try:
+        if kill:  # the first child run to hold a lease: SIGKILL its worker's process group
+            def a_lease():
+                assert run.poll() is None, _tail(run_log)
+                return store.fs.glob(f"{store.root}/leases/*.json")
+
+            lease = json.loads(store.fs.cat_file(wait_until(a_lease, 180, "a child run's lease")[0]))
+            group = os.getpgid(lease["pid"])
+            killed = next(w for w in workers if w.pid == group)
+            os.killpg(group, signal.SIGKILL)
+            killed.wait(30)
+        run.wait(300)
+        wall = time.monotonic() - started
+        assert run.returncode == 0, _tail(run_log) + "".join(_tail(Path(log.name)) for log in logs)
+    finally:
+        for proc in [run, *procs]:
+            _kill(proc)
+        for log in logs:
+            log.close()
+    return env, store, run_log, wall, killed
+
+
+def _expected(store: ArtifactStore, summary: dict, checkpoint) -> tuple[str, set[str]]:
+    digest = checkpoint_digest(checkpoint)
+    scope = shard_scope(CoverConfig(), Resources(), digest)
+    [ingest_key] = store.list_manifests("ingest")
+    trajectories = store.read_manifest("ingest", ingest_key)["objects"]["trajectories"]
+    return scope, {shard_key(scope, s) for s in plan_shards(store, trajectories, SHARD_SIZE)}
+
+
+def test_a_run_spread_over_two_workers_decides_as_one_process(loopback, baseline, tiny_checkpoint):
+    env, store, run_log, wall, _ = _run_with_workers(loopback, baseline, tiny_checkpoint, "pool", 2, kill=False)
+    summary = _summary(run_log)
+    _, decisions_digest, decisions = baseline
+    assert summary["objects"]["decisions"] == decisions_digest  # the same bytes as the one-process cover
+    pooled = read_dataset_from_store(store, summary["objects"]["decisions"], "decisions")
+    assert pooled[["trajectory_id", "turn", "accepted"]].equals(decisions[["trajectory_id", "turn", "accepted"]])
+    scope, keys = _expected(store, summary, tiny_checkpoint)
+    assert len(keys) == 4
+    _check_store(store, scope, keys)
+    # the shards were scored by the workers' child runs, not by `race run` itself
+    log = run_log.read_text()
+    assert log.count("submitted to pool 'race-gpu'") == 2, log[-3000:]
+    writers = {store.read_manifest(SHARD_STAGE, k)["created_by"] for k in keys}
+    print(f"pool run: {wall:.1f} s wall, shards written by {sorted(writers)}")
+
+
+def test_a_worker_killed_mid_run_leaves_a_complete_uncorrupted_result(loopback, baseline, tiny_checkpoint):
+    env, store, run_log, wall, killed = _run_with_workers(loopback, baseline, tiny_checkpoint, "kill", 1,
+                                                          kill=True)
+    assert killed is not None and killed.returncode == -signal.SIGKILL
+    summary = _summary(run_log)
+    _, decisions_digest, decisions = baseline
+    assert summary["objects"]["decisions"] == decisions_digest
+    pooled = read_dataset_from_store(store, summary["objects"]["decisions"], "decisions")
+    assert not pooled.duplicated(["trajectory_id", "turn"]).any()  # no shard twice in the result
+    scope, keys = _expected(store, summary, tiny_checkpoint)
+    _check_store(store, scope, keys)
+    log = run_log.read_text()
+    assert "is taken for dead; its shards go again" in log, log[-4000:]  # the lease expired: resubmitted
+    print(f"kill run: {wall:.1f} s wall")
