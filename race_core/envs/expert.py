@@ -32,7 +32,7 @@ from __future__ import annotations
 import random
 import re
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from fractions import Fraction
 
@@ -107,10 +107,12 @@ class ExpertPolicy:
         self.expression = match.group("expression").strip()
         self.plan = _post_order(parse_expression(self.expression), [])
 
-    def __call__(self, question: str, turns: Sequence[Turn]) -> tuple[str, str]:
-        if not self.plan:
+    def _observed(self, question: str, turns: Sequence[Turn]) -> tuple[list[Fraction], Callable[[Node], str]]:
+        """Read the question on the first turn; then the results the calculator told us, and the
+        text of an operand (a literal, a result worked out so far, or `_known`)."""
+        if not self.expression:
             self._read_question(question)
-        results = [parse_number(t.observation) for t in turns]  # what the calculator told us
+        results = [parse_number(t.observation) for t in turns]
         if any(r is None for r in results):
             raise RuntimeError(f"unexpected observation in expert episode: {[t.observation for t in turns]}")
         step_of = {id(op): k for k, op in enumerate(self.plan)}
@@ -118,7 +120,17 @@ class ExpertPolicy:
         def operand(node: Node) -> str:
             if isinstance(node, Num):
                 return _operand_text(node.value)
-            return _operand_text(results[step_of[id(node)]])
+            known = self._known(node)
+            return _operand_text(known if known is not None else results[step_of[id(node)]])
+
+        return results, operand
+
+    def _known(self, node: Node) -> Fraction | None:
+        """A value the expert has without the calculator (none: it calls it for every operation)."""
+        return None
+
+    def __call__(self, question: str, turns: Sequence[Turn]) -> tuple[str, str]:
+        results, operand = self._observed(question, turns)
 
         done_steps = [
             f"{operand(op.left)} {op.op} {operand(op.right)} = {format_value(results[k])}"
@@ -191,21 +203,11 @@ class KindsExpertPolicy(ExpertPolicy):
             else:
                 self.notes[use].append((CURRENT, op))
 
+    def _known(self, node: Node) -> Fraction | None:
+        return fold(node) if id(node) in self.mental else None
+
     def __call__(self, question: str, turns: Sequence[Turn]) -> tuple[str, str]:
-        if not self.plan and not self.mental:
-            self._read_question(question)
-        results = [parse_number(t.observation) for t in turns]
-        if any(r is None for r in results):
-            raise RuntimeError(f"unexpected observation in expert episode: {[t.observation for t in turns]}")
-        step_of = {id(op): k for k, op in enumerate(self.plan)}
-
-        def operand(node: Node) -> str:
-            if isinstance(node, Num):
-                return _operand_text(node.value)
-            if id(node) in self.mental:
-                return _operand_text(fold(node))
-            return _operand_text(results[step_of[id(node)]])
-
+        results, operand = self._observed(question, turns)
         k = len(turns)
         final = fold(parse_expression(self.expression)) if k == len(self.plan) else None
         notes = [self.rng.choice(_LATER_NOTE if kind == LATER else _CURRENT_NOTE).format(

@@ -56,6 +56,17 @@ class Conversation:
     extra: dict[str, Any] = field(default_factory=dict)  # the source's identifiers found on the way
 
 
+def required_list(record: dict[str, Any], key: str, what: str, missing_as: str | None = None) -> list[Any]:
+    """`record[key]`, which must be a list (`what` it holds, for the message); `missing_as` names the
+    field in the message when it is absent (the format's usual key, where it reads another too)."""
+    value = record.get(key)
+    if value is None:
+        raise SkipRecord(MISSING_FIELD, missing_as or key, f"is required ({what})")
+    if not isinstance(value, list):
+        raise SkipRecord(MALFORMED_MESSAGE, key, f"must be a list, got {type(value).__name__}")
+    return value
+
+
 def success_flag(record: dict[str, Any]) -> tuple[bool, str, Any] | None:
     """The record's own word on success, as (successful, the field that says so, its value): a
     boolean `successful` / `success` / `resolved`, else a numeric `reward` (success when >= 1);

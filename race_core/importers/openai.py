@@ -26,12 +26,12 @@ from race_core.importers.common import (
     SkipRecord,
     TurnBuilder,
     joined,
+    required_list,
     split_think,
     text_of,
     tool_call,
     tools_of,
 )
-from race_core.schema import MISSING_FIELD
 
 NAME = "openai"
 SYSTEM_ROLES = ("system", "developer")
@@ -39,11 +39,7 @@ REASONING_KEYS = ("reasoning_content", "reasoning")
 
 
 def convert(record: dict[str, Any], source: str) -> Conversation:
-    messages = record.get("messages")
-    if messages is None:
-        raise SkipRecord(MISSING_FIELD, "messages", "is required (a list of chat messages)")
-    if not isinstance(messages, list):
-        raise SkipRecord(MALFORMED_MESSAGE, "messages", f"must be a list, got {type(messages).__name__}")
+    messages = required_list(record, "messages", "a list of chat messages")
     system: list[str] = []
     question: list[str] = []
     turns = TurnBuilder(result_per_call=True)

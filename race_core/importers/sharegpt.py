@@ -26,11 +26,12 @@ from race_core.importers.common import (
     SkipRecord,
     TurnBuilder,
     joined,
+    required_list,
     split_think,
     tool_call,
     tools_of,
 )
-from race_core.schema import MISSING_FIELD, WRONG_TYPE
+from race_core.schema import WRONG_TYPE
 
 NAME = "sharegpt"
 USER, ASSISTANT, CALL, OBSERVATION, SYSTEM = "user", "assistant", "call", "observation", "system"
@@ -41,11 +42,7 @@ ROLES = {"human": USER, "user": USER, "gpt": ASSISTANT, "assistant": ASSISTANT, 
 
 def convert(record: dict[str, Any], source: str) -> Conversation:
     key = "conversations" if "conversations" in record else "messages"
-    entries = record.get(key)
-    if entries is None:
-        raise SkipRecord(MISSING_FIELD, "conversations", "is required (a list of {from, value} entries)")
-    if not isinstance(entries, list):
-        raise SkipRecord(MALFORMED_MESSAGE, key, f"must be a list, got {type(entries).__name__}")
+    entries = required_list(record, key, "a list of {from, value} entries", missing_as="conversations")
     given_system = record.get("system")
     if given_system is not None and not isinstance(given_system, str):
         raise SkipRecord(WRONG_TYPE, "system", f"must be a string, got {type(given_system).__name__}")

@@ -22,9 +22,10 @@ from race_core.importers.common import (
     NO_TURNS,
     Conversation,
     SkipRecord,
+    required_list,
     text_of,
 )
-from race_core.schema import EMPTY_ACTION, MISSING_FIELD
+from race_core.schema import EMPTY_ACTION
 
 NAME = "swe-agent"
 SUBMITTED = "submitted"
@@ -38,11 +39,7 @@ def success(record: dict[str, Any]) -> tuple[bool, str, Any] | None:
 
 
 def convert(record: dict[str, Any], source: str) -> Conversation:
-    steps = record.get("trajectory")
-    if steps is None:
-        raise SkipRecord(MISSING_FIELD, "trajectory", "is required (the list of thought/action/observation steps)")
-    if not isinstance(steps, list):
-        raise SkipRecord(MALFORMED_MESSAGE, "trajectory", f"must be a list, got {type(steps).__name__}")
+    steps = required_list(record, "trajectory", "the list of thought/action/observation steps")
     system, question = _prompt(record.get("history"))
     turns = [_turn(step, f"trajectory[{i}]") for i, step in enumerate(steps)]
     if not turns:
