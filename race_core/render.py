@@ -426,6 +426,12 @@ class Renderer:
                                 {"role": "user", "content": OBSERVATION_PREFIX + turn.observation})
         return messages
 
+    def forget(self) -> None:
+        """Drop the cached ids of texts and calls (a shard's): what recurs is the next shard's own."""
+        self._encode.cache_clear()
+        self._piece.cache_clear()
+        self._calls.clear()
+
     # -- tokenization ---------------------------------------------------------------------------
     def _encode_uncached(self, text: str) -> tuple[int, ...]:
         if not text:

@@ -164,7 +164,10 @@ class ShardScorer:
             check_noise(self.noise, self.config.epsilon)
         results = logic_cover(kept, scorer, self.config.epsilon, early_reject=self.config.early_reject,
                               progress=self.progress.shard(kept, scorer.renderer))
-        return list(decision_rows(results, scorer.renderer, self.ctx)), scorer.stats.tokens_processed - tokens_before
+        rows = list(decision_rows(results, scorer.renderer, self.ctx))
+        if scorer.renderer is not None:
+            scorer.renderer.forget()  # texts recur within a shard, not across: memory flat in dataset size
+        return rows, scorer.stats.tokens_processed - tokens_before
 
     def close(self) -> None:
         if self.scorer is not None:
