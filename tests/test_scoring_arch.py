@@ -150,9 +150,10 @@ def test_a_model_whose_forward_changes_the_logits_unknowingly_is_refused(tokeniz
 def test_the_probe_runs_once_per_model_and_leaves_no_trace(tokenizer, monkeypatch):
     model = build("mistral")
     first = HFScorer(model, tokenizer, prefix_reuse=False)
-    assert first.prefix_reuse is False and first._prefixes == {} and first.stats.forward_calls == 0
+    assert first.prefix_reuse is False and first.kv_bytes_held == 0 and first.stats.forward_calls == 0
     probe = first.verify_against_forward()
     assert probe["head"] == 0.0 and probe["scored"] < 1e-6 and probe["tolerance"] == PROBE_TOLERANCE
+    assert first.kv_bytes_held == 0 and first.prefix_reuse is False  # the probe's own copies are gone
     monkeypatch.setattr(HFScorer, "verify_against_forward", lambda self: pytest.fail("probed twice"))
     assert HFScorer(model, tokenizer).stats.extra["probe"] == probe
 
