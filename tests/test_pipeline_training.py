@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -92,4 +93,24 @@ def test_killed_during_sft_resumes_without_recomputing_the_cover(tiny_checkpoint
                            env=env, capture_output=True, text=True, timeout=600)
     assert clean.returncode == 0, clean.stderr[-3000:]
     clean_summary = json.loads(clean.stdout[clean.stdout.index("{\n"):])
-    assert summary["objects"] == clean_summary["objects"]  # rejects, decisions, compressed, SFT checkpoint
+    resumed_objects, clean_objects = dict(summary["objects"]), dict(clean_summary["objects"])
+    resumed_checkpoint, clean_checkpoint = resumed_objects.pop("sft_checkpoint"), clean_objects.pop("sft_checkpoint")
+    assert resumed_objects == clean_objects  # rejects, decisions, compressed: byte for byte
+    # The SFT checkpoint: the same training from the same start. Its bytes are not always the same:
+    # CPU training is not bitwise reproducible across processes here (seen once in CI: every tensor
+    # off by at most 1.0e-4 after 400 steps), so the weights are compared, not the digests.
+    resumed_weights = _weights(tmp_path / "store", resumed_checkpoint)
+    clean_weights = _weights(tmp_path / "clean", clean_checkpoint)
+    assert resumed_weights.keys() == clean_weights.keys()
+    assert max((resumed_weights[k] - clean_weights[k]).abs().max().item() for k in resumed_weights) < 1e-3
+
+
+def _weights(store_root, folder_digest):
+    from safetensors.torch import load_file
+
+    from storage import ArtifactStore
+    from tasks.training_stages import materialize
+
+    folder = materialize(ArtifactStore(str(store_root)), folder_digest)
+    return {name: tensor.float() for path in sorted(Path(folder).glob("*.safetensors"))
+            for name, tensor in load_file(path).items()}
