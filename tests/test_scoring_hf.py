@@ -89,3 +89,68 @@ def test_from_pretrained_loads_a_local_folder_only(tiny_checkpoint, tmp_path):
     (tmp_path / "pytorch_model.bin").write_bytes(b"")
     with pytest.raises(FileNotFoundError, match="safetensors"):
         HFScorer.from_pretrained(str(tmp_path))
+
+
+def mixed_rows(scorer, trajectories):
+    """A cover round's rows of mixed lengths: each trajectory scored in full (its KV prefix cached),
+    then a candidate of each without the reasoning of a different turn, so rows differ both in the
+    tokens they feed and in the prefix they reuse."""
+    scorer.score([ScoreRequest(i, t) for i, t in enumerate(trajectories)])
+    requests = [ScoreRequest(i, t.without_reasoning(k), from_turn=k)
+                for i, t in enumerate(trajectories) for k in [1 + i % (len(t.turns) - 1)] if len(t.turns) > 1]
+    rows = []
+    for request in requests:
+        rendered = scorer.renderer.render(request.trajectory)
+        rows.append(scorer._row(request.key, rendered,
+                                rendered.action_spans[request.from_turn: request.last_turn + 1]))
+    return requests, rows
+
+
+def padding(rows, batch):
+    """(fed positions the batch computes: rows x its longest fed length, tokens its rows really feed)."""
+    feds = [rows[i].fed for i in batch]
+    return len(feds) * max(feds), sum(feds)
+
+
+def test_batch_plan_bounds_padding_of_mixed_length_rows(tiny_policy, expert_trajectories):
+    model, tokenizer = tiny_policy
+    scorer = HFScorer(model, tokenizer, batch_size=8, pad_ratio=1.1)
+    _, rows = mixed_rows(scorer, list(expert_trajectories))
+    assert len({row.fed for row in rows}) > 5 and len({row.reused for row in rows}) > 5  # really mixed
+
+    plan = scorer._plan_batches(rows)
+    assert sorted(i for batch in plan for i in batch) == list(range(len(rows)))  # every row, once
+    for batch in plan:
+        assert 1 <= len(batch) <= scorer.batch_size
+        computed, real = padding(rows, batch)
+        assert len(batch) == 1 or computed <= 1.1 * real
+    assert any(len(batch) > 1 for batch in plan)  # the bound still batches rows of similar lengths
+
+    # Without the bound the same rows are planned by batch_size alone and pad past it.
+    scorer.pad_ratio = None
+    unbounded = scorer._plan_batches(rows)
+    assert [len(b) for b in unbounded] == [8] * (len(rows) // 8) + ([len(rows) % 8] if len(rows) % 8 else [])
+    assert any(computed > 1.1 * real for computed, real in (padding(rows, b) for b in unbounded))
+    total = [sum(padding(rows, b)[0] for b in p) for p in (plan, unbounded)]
+    assert total[0] < total[1]
+
+
+def test_padding_bound_changes_batches_not_scores(tiny_policy, expert_trajectories):
+    model, tokenizer = tiny_policy
+    trajectories = list(expert_trajectories)
+    scores, calls = [], []
+    for pad_ratio in (1.1, None):
+        scorer = HFScorer(model, tokenizer, batch_size=8, pad_ratio=pad_ratio)
+        requests, _ = mixed_rows(scorer, trajectories)
+        before = scorer.stats.forward_calls
+        scores.append(scorer.score(requests))
+        calls.append(scorer.stats.forward_calls - before)
+    assert calls[0] > calls[1]
+    for bounded, unbounded in zip(*scores, strict=True):
+        assert np.max(np.abs(np.array(bounded) - unbounded)) < 1e-5
+
+
+def test_pad_ratio_below_one_is_refused(tiny_policy):
+    model, tokenizer = tiny_policy
+    with pytest.raises(ValueError, match="pad_ratio must be >= 1"):
+        HFScorer(model, tokenizer, pad_ratio=0.9)
