@@ -16,7 +16,9 @@ reasoning. Each turn's reasoning is of one kind, recorded per turn in the trajec
 `extra["reasoning_kinds"]`:
 
 - `later`: a result worked out now and used by a later action only (the turn's own action does
-  not use it): removing it leaves this action as likely and makes a later one less likely.
+  not use it): removing it leaves this action as likely and makes a later one less likely. The
+  turn that uses it does not restate its step (its reasoning is empty or only the results so
+  far), so the note is the result's only source in the context.
 - `current`: a result worked out now and used by this turn's action (an operand of its `calc`,
   or the number it finishes with).
 - `redundant`: a restatement of the question, the results the observations already gave, and
@@ -165,8 +167,29 @@ DEFAULT_LATER_SHARE = 0.6  # of the mental results whose use is two or more turn
 
 _LATER_NOTE = ("I also work out {step} = {value} now; a later step needs it.",
                "Note for later: {step} = {value}.")
+_HISTORY_TEMPLATE = "So far {history}."  # a restatement that leaves the next step unsaid
 _CURRENT_NOTE = ("I work out {step} = {value}, which this step needs.",
                  "{step} = {value}, so I use {value} now.")
+
+
+def _note_pattern(templates: Sequence[str]) -> re.Pattern[str]:
+    parts = [re.escape(t).replace(re.escape("{step}"), r".+?").replace(re.escape("{value}"), r"\S+")
+             for t in templates]
+    return re.compile("|".join(parts))
+
+
+_LATER_RE, _CURRENT_RE = _note_pattern(_LATER_NOTE), _note_pattern(_CURRENT_NOTE)
+
+
+def reasoning_kind(reasoning: str) -> str:
+    """The kind of a reasoning text written the kinds expert's way, read from the text alone (a policy
+    trained on that expert writes the same notes): a `later` note wins over a `current` one, as in
+    the labels `KindsExpertPolicy` records; any other text is `redundant`, no text `empty`."""
+    if not reasoning:
+        return EMPTY
+    if _LATER_RE.search(reasoning):
+        return LATER
+    return CURRENT if _CURRENT_RE.search(reasoning) else REDUNDANT
 
 
 class KindsExpertPolicy(ExpertPolicy):
@@ -182,6 +205,7 @@ class KindsExpertPolicy(ExpertPolicy):
         self.later_share = later_share
         self.mental: set[int] = set()  # id() of the operations worked out in the head
         self.notes: dict[int, list[tuple[str, BinOp]]] = defaultdict(list)  # turn -> (kind, operation)
+        self.carried: set[int] = set()  # id() of the mental results noted at an earlier turn (`later`)
         self.kinds: list[str] = []
 
     def _read_question(self, question: str) -> None:
@@ -200,6 +224,7 @@ class KindsExpertPolicy(ExpertPolicy):
             use = step_of[id(parent)] if parent is not None else len(self.plan)  # the root: the finish turn
             if use >= 2 and self.rng.random() < self.later_share:
                 self.notes[self.rng.randint(1, use - 1)].append((LATER, op))
+                self.carried.add(id(op))
             else:
                 self.notes[use].append((CURRENT, op))
 
@@ -228,19 +253,24 @@ class KindsExpertPolicy(ExpertPolicy):
             reasoning = " ".join(notes)
         elif self.rng.random() < self.empty_reasoning_share:
             reasoning = ""
-        else:
-            reasoning = self._restatement(k, step, operand, results)
+        else:  # a step that uses a carried result is not restated: its only source is the earlier note
+            uses_carried = k < len(self.plan) and any(id(x) in self.carried for x in (op.left, op.right))
+            reasoning = self._restatement(k, "" if uses_carried else step, operand, results)
         self.kinds.append(LATER if LATER in kinds else CURRENT if CURRENT in kinds else
                           REDUNDANT if reasoning else EMPTY)
         return reasoning, action
 
     def _restatement(self, k: int, step: str, operand, results: list) -> str:
-        """Only what the question and the observations already say, and the next step."""
+        """Only what the question and the observations already say, and the next step (if `step`)."""
         done = [f"{operand(op.left)} {op.op} {operand(op.right)} = {format_value(results[j])}"
                 for j, op in enumerate(self.plan[:k])]
         fields = {"expr": self.expression, "history": " and ".join(done), "last": format_value(results[-1]),
                   "step": step}
-        return self.rng.choice(_NEXT_TEMPLATES if step else _FINISH_TEMPLATES).format(**fields)
+        if step:
+            return self.rng.choice(_NEXT_TEMPLATES).format(**fields)
+        if k < len(self.plan):
+            return _HISTORY_TEMPLATE.format(**fields)
+        return self.rng.choice(_FINISH_TEMPLATES).format(**fields)
 
 
 def expert_episode(
