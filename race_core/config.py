@@ -16,11 +16,11 @@ import ast
 import dataclasses
 import inspect
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import cache
 from typing import Any
 
-from race_core.envs.calculator import DEFAULT_MAX_TURNS
+from race_core.envs.calculator import DEFAULT_MAX_TURNS, SHAPES
 from race_core.memory import parse_size
 from race_core.schema import DEFAULT_LIMITS, Limits
 
@@ -82,6 +82,7 @@ class CoverConfig:
     backend: str = "hf"  # scoring backend: hf (transformers) or vllm
     early_reject: bool = False  # score later actions only when the next one passes (same decisions, less work)
     max_tokens: int = 0  # longest rendered trajectory scored, in tokens (0: the model's context); longer: too_long
+    local_only: bool = False  # check only the turn's own action, not the later ones (an ablation arm, not RACE)
 
 
 @dataclass(frozen=True)
@@ -157,6 +158,8 @@ class RLConfig:
     max_grad_norm: float = 1.0  # gradient clipping (0: off)
     seed: int = 0  # sampling (seed + iteration) and the update
     difficulty: int | None = None  # operations per training task (None: 1-3 at random)
+    shape: str = "random"  # training task shape: random, or two-part (results carried across turns)
+    cover_aware: bool = True  # mask removable reasoning and supervise closure (off: plain GRPO)
 
 
 @dataclass(frozen=True)
@@ -167,6 +170,17 @@ class EvalConfig:
     seed: int = 0  # which held-out tasks
     max_turns: int = DEFAULT_MAX_TURNS  # turn budget of an episode
     max_new_tokens: int = 96  # per assistant turn
+    shape: str = "random"  # held-out task shape: random, or two-part (results carried across turns)
+
+
+# Fields added after stage keys were first written: left out of a key while at this default, so the
+# keys (and the stored results) of runs that do not set them stay what they were.
+KEY_OPTIONAL = {"local_only": False, "shape": "random", "cover_aware": True}
+
+
+def key_fields(config: Any) -> dict[str, Any]:
+    """A config dataclass as the dict its stage keys hash, without `KEY_OPTIONAL` fields at their default."""
+    return {k: v for k, v in asdict(config).items() if k not in KEY_OPTIONAL or v != KEY_OPTIONAL[k]}
 
 
 @dataclass(frozen=True)
@@ -179,6 +193,7 @@ class PipelineConfig:
     stages: tuple[str, ...] = STAGES  # the stages to run, in pipeline order
     force: tuple[str, ...] = ()  # stages to recompute even when the store holds a usable output of them
     report_dir: str | None = None  # write report.md, plots and summary.json here
+    baseline: bool = False  # also SFT on the trajectories as they came (no removal) and evaluate it beside RACE
     ingest: IngestConfig = field(default_factory=IngestConfig)
     cover: CoverConfig = field(default_factory=CoverConfig)
     resources: Resources = field(default_factory=Resources)
@@ -200,15 +215,19 @@ class PipelineConfig:
                 raise ValueError(f"parameter '{name}': unknown {unknown}; known stages are {list(STAGES)}")
         if self.rl.iterations < 0:
             raise ValueError("parameter 'rl.iterations' must be >= 0")
+        for name, shape in (("rl.shape", self.rl.shape), ("evaluate.shape", self.evaluate.shape)):
+            if shape not in SHAPES:
+                raise ValueError(f"parameter '{name}': {shape!r} is not one of {SHAPES}")
         _check_cover(self.checkpoint, self.cover, self.resources)
         return self
 
 
 # `race demo`'s settings; everything else is the library default.
 DEMO_CONFIG = PipelineConfig(
+    baseline=True,  # the no-removal arm beside RACE
     sft=SFTConfig(epochs=4, lr=3e-4),  # the policy is already trained; at 1e-3 its success fell 78% -> 65%
-    rl=RLConfig(iterations=1, tasks_per_iteration=8, group_size=4, lr=2e-5),
-    evaluate=EvalConfig(tasks=100),
+    rl=RLConfig(iterations=4, tasks_per_iteration=16, group_size=4, lr=2e-4, shape="two-part"),
+    evaluate=EvalConfig(tasks=200, shape="two-part"),
 )
 
 

@@ -14,6 +14,10 @@ scores only the action right after the removed reasoning and scores the later ac
 candidates that passed: the decisions are the same (a candidate failing at j = t fails anyway), the
 audit of an early-rejected candidate then holds only d_t.
 
+With `local_only` (not RACE: the ablation's local arm) a candidate is accepted when its own action
+passes, d_t <= ε, whatever the later actions lost; the later actions are still scored, so that an
+accepted removal updates their baselines as above.
+
 A number that is not finite never accepts: a NaN or infinite score, of the candidate or of the
 baseline s_j it is measured against, rejects the candidate with reason `non_finite` (Python's `max`
 would skip a NaN that is not first). The batching noise of the scorer must be far below ε
@@ -108,6 +112,7 @@ def logic_cover(
     epsilon: float = DEFAULT_EPSILON,
     *,
     early_reject: bool = False,
+    local_only: bool = False,
     progress: Progress | None = None,
 ) -> list[CoverResult]:
     """Run the LoGiC cover over all trajectories as a wavefront; one result per input, in order."""
@@ -132,7 +137,8 @@ def logic_cover(
                 candidates[i] = current[i].without_reasoning(t)
             drops = _candidate_drops(scorer, candidates, scores, t, epsilon, early_reject)
             for i, (d, new_scores) in drops.items():
-                reason = _reject_reason(scores[i][t:], new_scores, d, epsilon)
+                checked = 1 if local_only else len(scores[i]) - t  # the turns whose drops decide
+                reason = _reject_reason(scores[i][t:t + checked], new_scores[:checked], d[:checked], epsilon)
                 audits[i].append(_audit(t, reason, drops=d))
                 if reason is None:
                     current[i] = candidates[i]

@@ -31,9 +31,9 @@ class EvalReport:
                 "greedy": self.greedy}
 
 
-def heldout_tasks(n: int, seed: int = 0, difficulty: int | None = None) -> list[CalculatorTask]:
+def heldout_tasks(n: int, seed: int = 0, difficulty: int | None = None, shape: str = "random") -> list[CalculatorTask]:
     """`n` held-out tasks (never drawn for training, whatever the training seed)."""
-    return generate_tasks(n, heldout_seed(seed), difficulty, split="heldout")
+    return generate_tasks(n, heldout_seed(seed), difficulty, split="heldout", shape=shape)
 
 
 def evaluate_policy(

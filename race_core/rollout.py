@@ -252,7 +252,8 @@ def play_episodes(
 
 def training_tasks(config: RLConfig, iteration: int) -> list[CalculatorTask]:
     """The K tasks of RL iteration `iteration` (training split, seed config.seed + iteration)."""
-    return generate_tasks(config.tasks_per_iteration, config.seed + iteration, config.difficulty, split="train")
+    return generate_tasks(config.tasks_per_iteration, config.seed + iteration, config.difficulty, split="train",
+                          shape=config.shape)
 
 
 def sample_rollouts(model, tokenizer, config: RLConfig, iteration: int) -> list[Rollout]:
@@ -265,12 +266,12 @@ def sample_rollouts(model, tokenizer, config: RLConfig, iteration: int) -> list[
 
 
 def sample_successful_trajectories(model, tokenizer, tasks: int, samples: int, seed: int,
-                                   temperature: float = 1.0) -> tuple[list[Trajectory], int]:
-    """Play `samples` episodes of each of `tasks` training tasks (seed `seed`); return the successful,
-    well-formed ones as Trajectories (the policy's own data, RACE's input; one per distinct
-    trajectory) and the number of episodes played."""
+                                   temperature: float = 1.0, shape: str = "random") -> tuple[list[Trajectory], int]:
+    """Play `samples` episodes of each of `tasks` training tasks (seed `seed`, `shape`); return the
+    successful, well-formed ones as Trajectories (the policy's own data, RACE's input; one per
+    distinct trajectory) and the number of episodes played."""
     params = SamplingParams(temperature=temperature, seed=seed)
-    rollouts = play_episodes(model, tokenizer, generate_tasks(tasks, seed, split="train"), samples, params)
+    rollouts = play_episodes(model, tokenizer, generate_tasks(tasks, seed, split="train", shape=shape), samples, params)
     trajectories = {t.id: t for r in rollouts if (t := r.to_trajectory()) is not None}
     return list(trajectories.values()), len(rollouts)
 

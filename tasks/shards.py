@@ -163,6 +163,7 @@ class ShardScorer:
             self.progress.log(f"cover: scorer noise {self.noise:.2e} (epsilon {self.config.epsilon:g})")
             check_noise(self.noise, self.config.epsilon)
         results = logic_cover(kept, scorer, self.config.epsilon, early_reject=self.config.early_reject,
+                              local_only=self.config.local_only,
                               progress=self.progress.shard(kept, scorer.renderer))
         rows = list(decision_rows(results, scorer.renderer, self.ctx))
         if scorer.renderer is not None:

@@ -30,7 +30,7 @@ from typing import Any
 
 import fsspec
 
-from race_core.config import CoverConfig, IngestConfig, Resources
+from race_core.config import CoverConfig, IngestConfig, Resources, key_fields
 from race_core.importers import RACE, ImportStats, import_stream
 from race_core.progress import ProgressFigures
 from race_core.schema import Reject, Trajectory, iter_jsonl_stream
@@ -275,7 +275,7 @@ def iter_trajectories(store: ArtifactStore, digest: str, kind: str = "trajectori
 # -- cover + compress --------------------------------------------------------------------------
 def cover_key_config(config: CoverConfig, resources: Resources) -> dict[str, Any]:
     """What the cover's decisions depend on: its config and the dtype the model ran in."""
-    return {**asdict(config), "dtype": resources.dtype}
+    return {**key_fields(config), "dtype": resources.dtype}
 
 
 def cover_scorer(config: CoverConfig, checkpoint: str, resources: Resources):
@@ -353,11 +353,6 @@ def compress(store: ArtifactStore, trajectories_digest: str, decisions_digest: s
     the trajectories of `refused_digest`, the cover's rejects, are left out)."""
 
     def compute() -> dict[str, Any]:
-        from race_core.decisions import reasoning_tokens
-        from race_core.policy import load_tokenizer
-        from race_core.render import Renderer
-
-        renderer = Renderer(load_tokenizer(checkpoint))
         refused = {row["trajectory_id"] for row in iter_rows_from_store(store, refused_digest, "rejects")
                    } if refused_digest else set()
         accepted: dict[str, list[int]] = {}
@@ -366,26 +361,14 @@ def compress(store: ArtifactStore, trajectories_digest: str, decisions_digest: s
             candidates += 0 if row["skipped_empty"] else 1
             if row["accepted"]:
                 accepted.setdefault(row["trajectory_id"], []).append(int(row["turn"]))
-        before = after = removed = 0
-        with _TempDataset(store, "compressed") as out:
-            for original in iter_trajectories(store, trajectories_digest):
-                if original.id in refused:
-                    continue
-                skipped = sorted(accepted.get(original.id, []))
-                compressed = original
-                for t in skipped:
-                    compressed = compressed.without_reasoning(t)
-                tokens_before = reasoning_tokens(renderer, original)
-                tokens_after = reasoning_tokens(renderer, compressed)
-                before, after, removed = before + tokens_before, after + tokens_after, removed + len(skipped)
-                row = compressed_row(compressed, skipped, tokens_before, tokens_after, model_digest, epsilon)
-                row["id"] = original.id  # rows are keyed by the source trajectory's id
-                out.writer.write(row)
-        log(f"compress: removed reasoning in {removed} of {candidates} candidate turns; reasoning tokens "
-            f"{before} -> {after}")
-        return {"objects": {"compressed": out.digest},
-                "metrics": {"trajectories": out.rows, "candidates": candidates, "removed": removed,
-                            "reasoning_tokens_before": before, "reasoning_tokens_after": after}}
+        removals = ((t, accepted.get(t.id, [])) for t in iter_trajectories(store, trajectories_digest)
+                    if t.id not in refused)
+        manifest = write_compressed(store, removals, checkpoint, model_digest, epsilon)
+        manifest["metrics"]["candidates"] = candidates
+        m = manifest["metrics"]
+        log(f"compress: removed reasoning in {m['removed']} of {candidates} candidate turns; reasoning tokens "
+            f"{m['reasoning_tokens_before']} -> {m['reasoning_tokens_after']}")
+        return manifest
 
     inputs = {"trajectories": trajectories_digest, "decisions": decisions_digest}
     if refused_digest:
@@ -395,6 +378,33 @@ def compress(store: ArtifactStore, trajectories_digest: str, decisions_digest: s
 
 
 # -- nightly: only what the catalog has not seen -----------------------------------------------
+def write_compressed(store: ArtifactStore, removals: Iterable[tuple[Trajectory, Iterable[int]]], checkpoint: str,
+                     model_digest: str, epsilon: float) -> dict[str, Any]:
+    """A `compressed` dataset of (original, turns whose reasoning is removed) pairs, rows keyed by the
+    original's id, with its token counts -> the manifest fields {objects, metrics} of a stage."""
+    from race_core.decisions import reasoning_tokens
+    from race_core.policy import load_tokenizer
+    from race_core.render import Renderer
+
+    renderer = Renderer(load_tokenizer(checkpoint))
+    before = after = removed = 0
+    with _TempDataset(store, "compressed") as out:
+        for original, turns in removals:
+            skipped = sorted(turns)
+            compressed = original
+            for t in skipped:
+                compressed = compressed.without_reasoning(t)
+            tokens_before = reasoning_tokens(renderer, original)
+            tokens_after = reasoning_tokens(renderer, compressed)
+            before, after, removed = before + tokens_before, after + tokens_after, removed + len(skipped)
+            row = compressed_row(compressed, skipped, tokens_before, tokens_after, model_digest, epsilon)
+            row["id"] = original.id  # rows are keyed by the source trajectory's id
+            out.writer.write(row)
+    return {"objects": {"compressed": out.digest},
+            "metrics": {"trajectories": out.rows, "removed": removed, "reasoning_tokens_before": before,
+                        "reasoning_tokens_after": after}}
+
+
 def catalog_scope(model_digest: str, config: CoverConfig, resources: Resources):
     from storage import Scope
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from race_core.config import EvalConfig, Resources, RLConfig, SFTConfig
+from race_core.config import EvalConfig, Resources, RLConfig, SFTConfig, key_fields
 from race_core.envs.calculator import ENV_REVISION
 from race_core.policy import checkpoint_digest
 from storage import ArtifactStore, put_checkpoint, restore_checkpoint
@@ -79,7 +79,7 @@ def _put_policy(store: ArtifactStore, model, tokenizer) -> dict[str, Any]:
 
 def _model_config(config: Any, resources: Resources, **extra: Any) -> dict[str, Any]:
     """A training stage's keyed config: its own settings and the dtype its model ran in."""
-    return {**asdict(config), "dtype": resources.dtype, **extra}
+    return {**key_fields(config), "dtype": resources.dtype, **extra}
 
 
 def sft(store: ArtifactStore, compressed_digest: str, base: PolicyRef, config: SFTConfig, resources: Resources,
@@ -130,7 +130,8 @@ def sample(store: ArtifactStore, policy: PolicyRef, config: RLConfig, resources:
                 "metrics": {"rollouts": len(rollouts), "success_rate": successes / max(len(rollouts), 1),
                             "reasoning_tokens_per_turn": reasoning / max(turns, 1)}}
 
-    return run_stage(store, "sample", 1, {**_rl_keyed(config, resources, iteration), "env_revision": ENV_REVISION},
+    keyed = {k: v for k, v in _rl_keyed(config, resources, iteration).items() if k != "cover_aware"}  # not sampling's
+    return run_stage(store, "sample", 1, {**keyed, "env_revision": ENV_REVISION},
                      {"policy": policy.folder or policy.digest}, policy.digest, compute,
                      only_cached, force, log)
 
@@ -164,7 +165,8 @@ def evaluate(store: ArtifactStore, policy: PolicyRef, config: EvalConfig, resour
         from race_core.evaluate import evaluate_policy, heldout_tasks
 
         model, tokenizer = policy.load(store, resources)
-        report = evaluate_policy(model, tokenizer, heldout_tasks(config.tasks, config.seed), greedy=True,
+        tasks = heldout_tasks(config.tasks, config.seed, shape=config.shape)
+        report = evaluate_policy(model, tokenizer, tasks, greedy=True,
                                  seed=config.seed, max_turns=config.max_turns,
                                  max_new_tokens=config.max_new_tokens)
         summary = report.summary()

@@ -199,3 +199,16 @@ def test_the_rl_stage_writes_the_policy_of_the_in_memory_update(iteration, pipel
     for name, p in in_memory_model.named_parameters():
         assert torch.equal(stage_params[name], p), name
     assert any(not torch.equal(stage_params[k], before[k]) for k in stage_params)
+
+
+def test_plain_grpo_scores_every_generated_token_and_supervises_no_closure(checkpoint, iteration):
+    """`cover_aware=False` (the ablation's GRPO baseline): on the same rollouts, no cover, so nothing is
+    masked and no closure term is added; the loss is the clipped surrogate over every policy token."""
+    cover_aware = iteration[0]
+    model, tokenizer = load_policy(checkpoint)
+    plain = update_from_rollouts(model, tokenizer, cover_aware.rollouts, replace(CONFIG, cover_aware=False),
+                                 epsilon=EPSILON)
+    assert cover_aware.masked_tokens > 0 and cover_aware.closure_terms > 0
+    assert plain.covers == {} and plain.masked_tokens == 0 and plain.closure_terms == 0
+    assert not plain.batch.skipped_mask.any()
+    assert plain.policy_tokens == cover_aware.policy_tokens and plain.loss != cover_aware.loss

@@ -206,7 +206,8 @@ def update_from_rollouts(
     optimizer = optimizer or make_optimizer(model, config)
     pad_id = pad_token_id(tokenizer)
     advantages = grpo_advantages([r.reward for r in rollouts], [r.group for r in rollouts])
-    covers = cover_rollouts(rollouts, HFScorer(model, tokenizer, renderer=renderer), epsilon)
+    covers = (cover_rollouts(rollouts, HFScorer(model, tokenizer, renderer=renderer), epsilon)
+              if config.cover_aware else {})  # plain GRPO: every generated token in the loss, no closure
     batch = build_rl_batch(renderer, rollouts, covers, advantages, pad_id)
 
     model.train()
