@@ -4,6 +4,7 @@ race validate --input FILE...      schema check only; counts and every reject li
 race cover --out DIR [...]         LoGiC cover without orchestration; Parquet via the artifact store
 race run --input ... --checkpoint  the Prefect pipeline flow on your data and checkpoint
 race demo                          the whole pipeline on embedded defaults, with a report
+race ablate [--out DIR]            RACE against no / local-only / random / all removal, over SFT seeds; RL vs GRPO
 race report --summary F            rebuild report.md and plots from a summary.json (+ decisions)
 race serve                         serve the deployments (manual, nightly) to a Prefect server
 race worker --pool P --device D    a worker of the shard pool on one device (`race run --pool P`)
@@ -25,6 +26,7 @@ import sys
 from pathlib import Path
 
 from deployments import NIGHTLY_CRON, SERVE_DEFAULTS
+from flows.ablate import ABLATE_CONFIG, ABLATE_INPUT_TASKS
 from flows.options import add_config_options, config_from_args
 from race_core.config import (
     COVER_STAGES,
@@ -76,6 +78,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="demo inputs, SFT, RL and evaluation seed")
     add_config_options(p, DEMO_CONFIG, top=(), sections=SECTIONS)
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("ablate", help="the method against its baselines: five arms x SFT seeds, then RL vs GRPO")
+    p.add_argument("--home", default=str(DEFAULT_HOME), help="checkpoints, data and the store (cached)")
+    p.add_argument("--out", default="runs/ablate", help="ablation.json, report.md and ablation.png land here")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="SFT (and RL) seeds, one run each")
+    p.add_argument("--input-tasks", type=int, default=ABLATE_INPUT_TASKS,
+                   help="two-part training tasks the policy plays for input (2 episodes each)")
+    add_config_options(p, ABLATE_CONFIG, top=(), sections=("cover", "resources", "sft", "rl", "evaluate"))
+    p.set_defaults(func=cmd_ablate)
 
     p = sub.add_parser("report", help="rebuild report.md and the plots from summary.json")
     p.add_argument("--summary", required=True, help="summary.json of a run")
@@ -201,6 +212,17 @@ def cmd_demo(args) -> int:
     evals = summary.get("eval", {})
     print(json.dumps({"stages": summary["stages"], "cover": summary.get("cover"), "eval": evals}, indent=2))
     print(f"report: {report / 'report.md'} (plots and summary.json beside it)")
+    return 0
+
+
+def cmd_ablate(args) -> int:
+    _prefect_defaults()
+    from flows.ablate import race_ablate
+
+    result = race_ablate(home=args.home, out=args.out, seeds=tuple(args.seeds), input_tasks=args.input_tasks,
+                         config=config_from_args(ABLATE_CONFIG, args))
+    print((Path(args.out) / "report.md").read_text())
+    print(f"ablation: {Path(args.out) / 'ablation.json'} ({result['run']['wall_s']} s)")
     return 0
 
 

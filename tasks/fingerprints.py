@@ -35,6 +35,8 @@ STAGE_SOURCES: dict[str, tuple[str, ...]] = {
     "cover": ("race_core/cover.py", "race_core/scoring/*.py", "race_core/vllm_engine.py", "race_core/decisions.py",
               *_RENDER, "storage/parquet.py", "tasks/stages.py", "tasks/shards.py"),
     "compress": ("race_core/decisions.py", *_RENDER, "storage/parquet.py", "tasks/stages.py"),
+    "arm": ("race_core/ablation.py", "race_core/envs/expert.py", "race_core/decisions.py", *_RENDER,
+            "storage/parquet.py", "tasks/stages.py", "tasks/ablation.py"),
     "sft": ("race_core/train/sft.py", "race_core/loss.py", *_RENDER, "storage/parquet.py",
             "tasks/training_stages.py"),
     "sample": (*_POLICY_LOOP, *_RENDER, "tasks/training_stages.py"),
@@ -48,6 +50,7 @@ STAGE_LIBRARIES: dict[str, tuple[str, ...]] = {
     "ingest": (),
     "cover": _MODEL_LIBRARIES,
     "compress": ("transformers", "tokenizers"),  # token counts
+    "arm": ("transformers", "tokenizers"),
     "sft": (*_MODEL_LIBRARIES, "peft"),  # peft: LoRA
     "sample": _MODEL_LIBRARIES,
     "rl": _MODEL_LIBRARIES,

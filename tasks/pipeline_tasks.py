@@ -13,6 +13,7 @@ process and is shared with `race cover`). Each task publishes a markdown summary
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -57,7 +58,7 @@ def publish_summary(stage: str, manifest: dict[str, Any]) -> None:
     cached = "cached (no recompute)" if manifest.get("cached") else f"computed in {manifest.get('wall_s')} s"
     objects = "\n".join(f"- `{name}`: `{digest}`" for name, digest in sorted(manifest.get("objects", {}).items()))
     create_markdown_artifact(
-        key=f"race-{stage}",
+        key=re.sub(r"[^a-z0-9-]+", "-", f"race-{stage}".lower()),  # Prefect's rule for artifact keys
         markdown=f"## {stage}: {cached}\n\n| metric | value |\n|---|---|\n{rows}\n\n**Objects**\n\n{objects}\n",
         description=f"RACE stage {stage}",
     )
@@ -229,3 +230,15 @@ def report_task(store_url: str, summary: dict[str, Any], report_dir: str, epsilo
         create_table_artifact(key="race-eval", table=[{"stage": k, **v} for k, v in evals.items()],
                               description="held-out evaluation by stage")
     return {k: str(v) for k, v in written.items()}
+
+
+@task(name="arm", **RETRY, cache_policy=NO_CACHE)
+def derived_arm_task(store_url: str, trajectories: dict[str, Any], race: dict[str, Any], arm: str, policy: PolicyRef,
+                     epsilon: float) -> dict[str, Any]:
+    """The ablation's `arm` (none, random or all) version of the race arm's trajectories (`tasks.ablation`)."""
+    from tasks.ablation import derived_arm
+
+    manifest = derived_arm(ArtifactStore(store_url), trajectories["objects"]["trajectories"],
+                           race["objects"]["compressed"], arm, policy.path, policy.digest, epsilon, log=_logger_fn())
+    publish_summary(f"arm-{arm}", manifest)
+    return manifest

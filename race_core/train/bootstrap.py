@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from race_core.tiny import DEMO, TINY, TinyConfig, ensure_checkpoint
@@ -41,12 +41,18 @@ class BootstrapConfig:
     expert_seed: int = 0
     difficulty: int | None = None  # None: 1-3 operations per task
     empty_reasoning_share: float = 0.3  # most turns reason, so the cover has something to decide
+    reasoning_kinds: bool = False  # the expert whose reasoning can matter across turns (`KindsExpertPolicy`)
+    shape: str = "random"  # task shape (`generate_tasks`): random, or two-part for the kinds expert
     sft: SFTConfig = field(default_factory=lambda: SFTConfig(
         lr=3e-3, steps=1800, batch_size=16, warmup_steps=100, weight_decay=0.01, adam_beta2=0.95,
         max_length=512, seed=0))
 
     def key(self) -> str:
-        payload = json.dumps({"version": BOOTSTRAP_VERSION, **asdict(self)}, sort_keys=True, default=str)
+        fields = asdict(self)
+        for name, default in (("reasoning_kinds", False), ("shape", "random")):  # keys from before them hold
+            if fields[name] == default:
+                del fields[name]
+        payload = json.dumps({"version": BOOTSTRAP_VERSION, **fields}, sort_keys=True, default=str)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -57,6 +63,11 @@ SMOKE = BootstrapConfig(
     model=TINY, expert_tasks=4, expert_seed=3, difficulty=1, empty_reasoning_share=0.0,
     sft=SFTConfig(lr=1e-2, steps=70, batch_size=4, warmup_steps=5, max_length=512, seed=0, length_grouping=False),
 )
+
+
+# The ablation's policy (`race ablate`, issue 17): the DEMO model on the kinds expert's episodes of
+# two-part tasks, where a result noted in one turn's reasoning is what a later action needs.
+KINDS = replace(BootstrapConfig(), reasoning_kinds=True, shape="two-part")
 
 
 def smoke_tasks(config: BootstrapConfig = SMOKE):
@@ -77,7 +88,8 @@ def expert_trajectories(config: BootstrapConfig):
     from race_core.envs.expert import expert_dataset
 
     return expert_dataset(config.expert_tasks, config.expert_seed, config.difficulty,
-                          empty_reasoning_share=config.empty_reasoning_share)
+                          empty_reasoning_share=config.empty_reasoning_share,
+                          reasoning_kinds=config.reasoning_kinds, shape=config.shape)
 
 
 def bootstrap_policy(out_dir: str | Path, config: BootstrapConfig = BootstrapConfig(),

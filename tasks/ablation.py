@@ -1,0 +1,187 @@
+"""The ablation's stages and report (`race ablate`, issue 17), as plain functions.
+
+`derived_arm` writes the `none`, `random` and `all` arms' trajectories as a `compressed` dataset
+(the same kind the SFT stage reads), cached under its stage key like every stage. `write_ablation`
+turns the arms' evaluations into `ablation.json`, `report.md` and `ablation.png`.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from race_core.ablation import ARMS, derived_removal, removed_by_kind
+from storage import ArtifactStore
+from storage.parquet import iter_rows_from_store
+from tasks.stages import Log, _quiet, iter_trajectories, run_stage, write_compressed
+
+METRICS = ("success_rate", "reasoning_tokens_per_episode")
+
+
+def removals(store: ArtifactStore, compressed_digest: str) -> dict[str, list[int]]:
+    """trajectory id -> the turns whose reasoning a `compressed` dataset removed."""
+    return {row["id"]: [int(t) for t in row["skipped_turns"]]
+            for row in iter_rows_from_store(store, compressed_digest, "compressed")}
+
+
+def derived_arm(store: ArtifactStore, trajectories_digest: str, race_compressed: str, arm: str, checkpoint: str,
+                model_digest: str, epsilon: float, seed: int = 0, log: Log = _quiet, only_cached: bool = False,
+                force: bool = False) -> dict[str, Any]:
+    """The `arm` version (none, random or all) of the trajectories the race arm holds."""
+
+    def compute() -> dict[str, Any]:
+        race = removals(store, race_compressed)
+        pairs = ((t, derived_removal(arm, t, len(race[t.id]), seed))
+                 for t in iter_trajectories(store, trajectories_digest) if t.id in race)
+        manifest = write_compressed(store, pairs, checkpoint, model_digest, epsilon)
+        m = manifest["metrics"]
+        log(f"arm {arm}: removed reasoning in {m['removed']} turns; reasoning tokens {m['reasoning_tokens_before']} "
+            f"-> {m['reasoning_tokens_after']}")
+        return manifest
+
+    return run_stage(store, "arm", 1, {"arm": arm, "seed": seed, "epsilon": epsilon},
+                     {"trajectories": trajectories_digest, "race": race_compressed}, model_digest, compute,
+                     only_cached, force, log)
+
+
+def kind_shares(store: ArtifactStore, trajectories_digest: str, compressed: dict[str, str]) -> dict[str, Any]:
+    """arm -> removed_by_kind, for each arm's `compressed` digest."""
+    originals = list(iter_trajectories(store, trajectories_digest))
+    return {arm: removed_by_kind(originals, removals(store, digest)) for arm, digest in compressed.items()}
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {"mean": statistics.fmean(values), "min": min(values), "max": max(values),
+            "std": statistics.stdev(values) if len(values) > 1 else 0.0}
+
+
+def summarize(arms: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """(arm, phase) -> mean / min / max / std over seeds of each metric."""
+    out: dict[str, dict[str, Any]] = {}
+    for entry in arms:
+        for phase in ("sft", "rl", "grpo"):
+            if phase == "sft":
+                values = entry
+            else:
+                values = entry.get(phase)
+                if values is None:
+                    continue
+            key = entry["arm"] if phase == "sft" else f"{entry['arm']}+{phase}"
+            for m in METRICS:
+                out.setdefault(key, {}).setdefault(m, []).append(values[m])
+    return {key: {m: spread(v) for m, v in metrics.items()} | {"seeds": len(metrics[METRICS[0]])}
+            for key, metrics in out.items()}
+
+
+def write_ablation(out_dir: str | Path, result: dict[str, Any]) -> dict[str, Path]:
+    """`ablation.json`, `ablation.png` (success vs reasoning tokens, one point per arm and seed) and
+    `report.md` in `out_dir`."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    result = {**result, "summary": summarize(result["arms"])}
+    (out / "ablation.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    plot = plot_ablation(result, out / "ablation.png")
+    (out / "report.md").write_text(render_markdown(result, plot.name if plot else None))
+    written = {"json": out / "ablation.json", "report": out / "report.md"}
+    if plot:
+        written["plot"] = plot
+    return written
+
+
+_COLORS = {"none": "#4C72B0", "race": "#C44E52", "local": "#DD8452", "random": "#8172B2", "all": "#55A868"}
+
+
+def plot_ablation(result: dict[str, Any], path: Path) -> Path | None:
+    from tasks.report import _pyplot
+
+    if not result["arms"]:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    labelled = set()
+    for entry in result["arms"]:
+        for phase, marker in (("sft", "o"), ("rl", "^"), ("grpo", "v")):
+            values = entry if phase == "sft" else entry.get(phase)
+            if values is None:
+                continue
+            label = entry["arm"] + ("" if phase == "sft" else f" + {'cover-aware RL' if phase == 'rl' else 'GRPO'}")
+            ax.scatter(values["reasoning_tokens_per_episode"], 100 * values["success_rate"], marker=marker, s=50,
+                       color=_COLORS.get(entry["arm"], "black"), label=None if label in labelled else label,
+                       alpha=0.85, edgecolors="black" if phase != "sft" else "none")
+            labelled.add(label)
+    before = result.get("before")
+    if before:
+        ax.scatter(before["reasoning_tokens_per_episode"], 100 * before["success_rate"], marker="x", s=70,
+                   color="black", label="before SFT")
+    ax.set_xlabel("reasoning tokens per episode (held-out, greedy)")
+    ax.set_ylabel("success rate (%)")
+    ax.set_title("ablation: one point per arm and SFT seed")
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _cell(s: dict[str, float], pct: bool) -> str:
+    k = 100 if pct else 1
+    return f"{k * s['mean']:.1f} [{k * s['min']:.1f}, {k * s['max']:.1f}]"
+
+
+def render_markdown(result: dict[str, Any], plot: str | None) -> str:
+    lines = ["# RACE ablation", "", "| run | |", "|---|---|"]
+    lines += [f"| {k} | `{v}` |" for k, v in result.get("run", {}).items()]
+    summary = result["summary"]
+    base = summary.get("none")
+    lines += ["", "Held-out greedy evaluation; mean [min, max] over SFT seeds.", "",
+              "| arm | seeds | success rate (%) | reasoning tokens / episode | tokens vs none |",
+              "|---|---|---|---|---|"]
+    before = result.get("before")
+    if before:
+        lines.append(f"| before SFT | - | {100 * before['success_rate']:.1f} | "
+                     f"{before['reasoning_tokens_per_episode']:.1f} | |")
+    order = [a for a in ARMS if a in summary] + sorted(k for k in summary if k not in ARMS)
+    for arm in order:
+        s = summary[arm]
+        vs = ""
+        if base and base["reasoning_tokens_per_episode"]["mean"]:
+            ratio = s["reasoning_tokens_per_episode"]["mean"] / base["reasoning_tokens_per_episode"]["mean"]
+            vs = f"{100 * (ratio - 1):+.0f}%"
+        lines.append(f"| {arm} | {s['seeds']} | {_cell(s['success_rate'], True)} | "
+                     f"{_cell(s['reasoning_tokens_per_episode'], False)} | {vs} |")
+    kinds = result.get("removed_by_kind", {})
+    if kinds:
+        names = [k for k in next(iter(kinds.values()))]
+        lines += ["", "## Removed reasoning by kind (training trajectories)", "",
+                  "Share of the candidate turns of each kind whose reasoning the arm removed "
+                  "(`race_core/envs/expert.py` says which kind is which).", "",
+                  "| arm | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+        for arm in (a for a in ARMS if a in kinds):
+            cells = [("-" if kinds[arm][k]["share"] is None else f"{100 * kinds[arm][k]['share']:.0f}% "
+                      f"({kinds[arm][k]['removed']}/{kinds[arm][k]['candidates']})") for k in names]
+            lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    lines += ["", "## Per seed", "", "| arm | seed | policy | success rate (%) | reasoning tokens / episode |",
+              "|---|---|---|---|---|"]
+    for entry in result["arms"]:
+        for phase in ("sft", "rl", "grpo"):
+            values = entry if phase == "sft" else entry.get(phase)
+            if values is None:
+                continue
+            name = entry["arm"] + ("" if phase == "sft" else f"+{phase}")
+            lines.append(f"| {name} | {entry['seed']} | `{values['policy_digest'][:12]}` | "
+                         f"{100 * values['success_rate']:.1f} | {values['reasoning_tokens_per_episode']:.1f} |")
+    curves = [(e["seed"], phase, e[phase]) for e in result["arms"] for phase in ("rl", "grpo") if e.get(phase)]
+    if curves:
+        lines += ["", "## RL from each seed's RACE policy: cover-aware RL (rl) vs plain GRPO (grpo)", "",
+                  "Greedy held-out figures after each evaluated iteration, on the same rollout budget; `moved "
+                  "after`: the first evaluated iteration whose figures differ from the SFT policy's.", "",
+                  "| seed | RL | moved after | iteration: success % / reasoning tokens |", "|---|---|---|---|"]
+        for seed, phase, values in curves:
+            points = ", ".join(f"{c['iteration']}: {100 * c['success_rate']:.1f} / {c['reasoning_tokens_per_episode']:.1f}"
+                               for c in values.get("curve", []))
+            lines.append(f"| {seed} | {phase} | {values.get('moved_after') or 'never'} | {points} |")
+    if plot:
+        lines += ["", f"![success vs reasoning tokens]({plot})"]
+    return "\n".join(lines) + "\n"

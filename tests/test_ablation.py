@@ -1,0 +1,117 @@
+"""The ablation (`race ablate`, issue 17): each arm's trajectories differ from the unchanged ones
+exactly where the arm says, the kind of a reasoning text is read back from the text as the expert
+labelled it, the local-only cover checks only the turn's own action, and the ablation flow (real
+Prefect, real tiny model, real store) caches every arm: a rerun computes nothing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from race_core.ablation import ARMS, candidate_turns, derived_removal, remove_reasoning, removed_by_kind
+from race_core.cover import logic_cover
+from race_core.envs.expert import REDUNDANT, expert_dataset, reasoning_kind
+
+
+@pytest.fixture(scope="module")
+def two_part():
+    return expert_dataset(40, 21, reasoning_kinds=True, shape="two-part")
+
+
+@pytest.mark.parametrize("shape", ["two-part", "random"])
+def test_the_kind_read_from_the_text_is_the_kind_the_expert_recorded(shape):
+    episodes = expert_dataset(120, 4, reasoning_kinds=True, shape=shape)
+    labels = [(kind, turn.reasoning) for t in episodes for kind, turn in zip(t.extra["reasoning_kinds"], t.turns, strict=True)]
+    assert len({kind for kind, _ in labels}) >= (4 if shape == "two-part" else 2)  # random trees: few mental pairs
+    assert [reasoning_kind(text) for _, text in labels] == [kind for kind, _ in labels]
+
+
+def test_each_arm_differs_from_the_unchanged_trajectories_exactly_where_it_should(two_part):
+    race = {t.id: [k for k in candidate_turns(t) if reasoning_kind(t.turns[k].reasoning) == REDUNDANT][::2]
+            for t in two_part}  # a stand-in for the race arm's removals: every other redundant turn
+    assert sum(map(len, race.values())) >= 10
+    for t in two_part:
+        candidates = candidate_turns(t)
+        assert derived_removal("none", t, len(race[t.id])) == []
+        assert derived_removal("all", t, len(race[t.id])) == candidates and 0 not in candidates
+        drawn = derived_removal("random", t, len(race[t.id]), seed=3)
+        assert len(drawn) == len(race[t.id]) and set(drawn) <= set(candidates)
+        assert drawn == derived_removal("random", t, len(race[t.id]), seed=3)
+        for arm_turns in (race[t.id], drawn, candidates):
+            changed = remove_reasoning(t, arm_turns)
+            assert [k for k, (a, b) in enumerate(zip(t.turns, changed.turns, strict=True)) if a != b] == \
+                [k for k in arm_turns if t.turns[k].reasoning]
+            assert all(not changed.turns[k].reasoning for k in arm_turns)
+            assert [turn.action for turn in changed.turns] == [turn.action for turn in t.turns]
+    draws = {s: [derived_removal("random", t, len(race[t.id]), seed=s) for t in two_part] for s in (0, 1)}
+    assert draws[0] != draws[1]  # the seed matters
+    with pytest.raises(ValueError, match="not a derived arm"):
+        derived_removal("race", two_part[0], 0)
+
+
+def test_removed_by_kind_counts_candidates_and_removals_per_kind(two_part):
+    every = {t.id: candidate_turns(t) for t in two_part}
+    shares = removed_by_kind(two_part, every)
+    assert set(shares) == {"later", "current", "redundant"}
+    assert all(s["removed"] == s["candidates"] > 0 and s["share"] == 1.0 for s in shares.values())
+    total = sum(len(v) for v in every.values())
+    assert sum(s["candidates"] for s in shares.values()) == total
+    assert all(s["removed"] == 0 for s in removed_by_kind(two_part, {}).values())
+
+
+def test_the_local_only_cover_checks_only_the_turns_own_action(two_part):
+    """A scorer under which removing turn 1's reasoning costs turn 2's action 1 nat and turn 1's own
+    nothing: RACE keeps turn 1's reasoning, the local-only cover removes it."""
+    trajectory = next(t for t in two_part if len(t.turns) >= 3 and t.turns[1].reasoning and t.turns[2].reasoning)
+
+    def scorer(trajectories):
+        return [[0.0, 0.0, 0.0 if t.turns[1].reasoning else -1.0, *[0.0] * (len(t.turns) - 3)] for t in trajectories]
+
+    for early_reject in (False, True):
+        race = logic_cover([trajectory], scorer, 1e-3, early_reject=early_reject)[0]
+        local = logic_cover([trajectory], scorer, 1e-3, early_reject=early_reject, local_only=True)[0]
+        assert 1 not in race.skipped_turns and 2 in race.skipped_turns
+        assert 1 in local.skipped_turns and 2 in local.skipped_turns
+        assert local.audit[0]["max_drop"] == pytest.approx(1.0)  # the later drop is still measured
+
+
+def test_the_ablation_flow_caches_every_arm(prefect_harness, smoke_policy, tmp_path):
+    from flows.ablate import race_ablate
+    from race_core.config import CoverConfig, EvalConfig, PipelineConfig, RLConfig, SFTConfig
+    from storage import ArtifactStore
+    from tasks.stages import iter_trajectories
+
+    inputs = tmp_path / "kinds.jsonl"
+    inputs.write_text("".join(json.dumps(t.to_dict()) + "\n" for t in expert_dataset(8, 2, reasoning_kinds=True,
+                                                                                       shape="two-part")))
+    config = PipelineConfig(
+        inputs=(str(inputs),), checkpoint=str(smoke_policy), cover=CoverConfig(epsilon=0.5),
+        sft=SFTConfig(steps=2, batch_size=4, lr=1e-4), evaluate=EvalConfig(tasks=3, shape="two-part", max_turns=4,
+                                                                            max_new_tokens=24),
+        rl=RLConfig(iterations=1, tasks_per_iteration=2, group_size=2, max_turns=4, max_new_tokens=24, shape="two-part"))
+    home, out = tmp_path / "home", tmp_path / "out"
+    first = race_ablate(home=str(home), out=str(out), seeds=(0, 1), config=config)
+    again = race_ablate(home=str(home), out=str(out), seeds=(0, 1), config=config)
+    assert first["computed"] > 0 and again["computed"] == 0
+    assert again["arms"] == first["arms"] and again["removed_by_kind"] == first["removed_by_kind"]
+    written = json.loads((out / "ablation.json").read_text())
+    assert [(e["arm"], e["seed"]) for e in written["arms"]] == [(a, s) for a in ARMS for s in (0, 1)]
+    for entry in written["arms"]:
+        assert 0 <= entry["success_rate"] <= 1 and entry["reasoning_tokens_per_episode"] >= 0
+        assert ("rl" in entry and "grpo" in entry) == (entry["arm"] == "race")
+    assert (out / "ablation.png").stat().st_size > 0 and "| race |" in (out / "report.md").read_text()
+
+    store = ArtifactStore(str(home / "store"))
+    arms = {arm: {t.id: t for t in iter_trajectories(store, digest, "compressed")}
+            for arm, digest in first["compressed"].items()}
+    training = first["training"]
+    assert training["random"]["removed"] == training["race"]["removed"] > 0
+    assert training["all"]["removed"] == sum(len(candidate_turns(t)) for t in arms["none"].values())
+    assert training["none"]["removed"] == 0
+    for tid, original in arms["none"].items():
+        assert all(not t.reasoning for t in arms["all"][tid].turns[1:])
+        assert arms["all"][tid].turns[0] == original.turns[0]
+        for arm in ("race", "local", "random"):
+            differs = [k for k, (a, b) in enumerate(zip(original.turns, arms[arm][tid].turns, strict=True)) if a != b]
+            assert all(k in candidate_turns(original) and not arms[arm][tid].turns[k].reasoning for k in differs)
