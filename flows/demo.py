@@ -1,7 +1,9 @@
 """`race demo`: the whole method on this machine, on embedded defaults.
 
-bootstrap the demo policy (cached) -> sample it in the calculator, keep the successful episodes as
-the RACE input JSONL -> the pipeline (cover, SFT, on-policy sampling, RL, evaluation before /
+bootstrap the demo policy (cached; the kinds expert's policy of `race ablate`, whose reasoning can
+carry a result to a later turn) -> sample it in the calculator on two-part tasks, keep the
+successful episodes as the RACE input JSONL -> the pipeline (cover, SFT on the compressed and, as
+the no-removal baseline, on the unchanged trajectories, on-policy sampling, RL, evaluation before /
 after SFT / after RL, report) inside this flow run, so the report is written once, by the
 pipeline's report task, with the demo's own stages and run facts in it.
 """
@@ -20,15 +22,16 @@ from flows.pipeline import run_pipeline
 from race_core.config import DEMO_CONFIG, PipelineConfig, replace
 from race_core.policy import checkpoint_digest
 
-DEMO_INPUT_TASKS = 64  # training tasks the bootstrap policy plays to make the RACE input
+DEMO_INPUT_TASKS = 128  # training tasks the bootstrap policy plays to make the RACE input
 DEMO_INPUT_SAMPLES = 2  # episodes per task
 DEMO_INPUT_TEMPERATURE = 0.7
 
 
 @task(name="bootstrap", cache_policy=NO_CACHE, retries=1)
-def bootstrap_task(home: str) -> dict[str, Any]:
-    """The demo policy: the DEMO tiny model fine-tuned on scripted expert episodes (cached)."""
-    from race_core.train.bootstrap import ensure_bootstrap
+def bootstrap_task(home: str, kinds: bool = False) -> dict[str, Any]:
+    """The demo policy: the DEMO tiny model fine-tuned on scripted expert episodes (cached); `kinds`:
+    on the kinds expert's two-part episodes (`race_core.train.bootstrap.KINDS`, the ablation's)."""
+    from race_core.train.bootstrap import KINDS, BootstrapConfig, ensure_bootstrap
 
     logger = get_run_logger()
     started = time.perf_counter()
@@ -37,25 +40,28 @@ def bootstrap_task(home: str) -> dict[str, Any]:
         if step == 1 or step % 50 == 0 or step == total:
             logger.info("bootstrap sft: step %d/%d loss %.4f", step, total, loss)
 
-    result = ensure_bootstrap(Path(home) / "checkpoints", progress=progress)
+    result = ensure_bootstrap(Path(home) / "checkpoints", KINDS if kinds else BootstrapConfig(), progress=progress)
     return {"checkpoint": str(result.checkpoint), "cached": result.report is None,
             "wall_s": round(time.perf_counter() - started, 3)}
 
 
 @task(name="demo-inputs", cache_policy=NO_CACHE, retries=1)
-def demo_inputs_task(checkpoint: str, home: str, seed: int) -> dict[str, Any]:
+def demo_inputs_task(checkpoint: str, home: str, seed: int, tasks: int = DEMO_INPUT_TASKS,
+                     shape: str = "random") -> dict[str, Any]:
     """Play the policy on training tasks; its successful episodes become the RACE input JSONL."""
     from race_core.policy import load_policy
     from race_core.rollout import sample_successful_trajectories
 
     started = time.perf_counter()
-    tasks, samples, temperature = DEMO_INPUT_TASKS, DEMO_INPUT_SAMPLES, DEMO_INPUT_TEMPERATURE
+    samples, temperature = DEMO_INPUT_SAMPLES, DEMO_INPUT_TEMPERATURE
     digest = checkpoint_digest(checkpoint)[:16]
-    path = Path(home) / "demo" / f"inputs-{digest}-{tasks}x{samples}-{seed}-t{temperature:g}.jsonl"
+    kind = "" if shape == "random" else f"-{shape}"
+    path = Path(home) / "demo" / f"inputs-{digest}-{tasks}x{samples}-{seed}-t{temperature:g}{kind}.jsonl"
     cached = path.exists()
     if not cached:
         model, tokenizer = load_policy(checkpoint)
-        trajectories, played = sample_successful_trajectories(model, tokenizer, tasks, samples, seed, temperature)
+        trajectories, played = sample_successful_trajectories(model, tokenizer, tasks, samples, seed, temperature,
+                                                              shape)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         tmp.write_text("".join(json.dumps(t.to_dict()) + "\n" for t in trajectories))
@@ -68,8 +74,8 @@ def demo_inputs_task(checkpoint: str, home: str, seed: int) -> dict[str, Any]:
 def race_demo(home: str = ".race", out: str = "runs/demo", seed: int = 0,
               config: PipelineConfig = DEMO_CONFIG) -> dict[str, Any]:
     """bootstrap -> demo inputs -> the pipeline on them, with the report in OUT/report."""
-    boot = bootstrap_task(home)
-    inputs = demo_inputs_task(boot["checkpoint"], home, seed)
+    boot = bootstrap_task(home, kinds=True)
+    inputs = demo_inputs_task(boot["checkpoint"], home, seed, shape="two-part")
     config = replace(config.with_seed(seed), inputs=(inputs["path"],), checkpoint=boot["checkpoint"],
                      store=str(Path(home) / "store"), report_dir=str(Path(out) / "report"))
     run_info = {"command": "race demo", "seed": seed, "inputs": inputs["path"], "store": config.store}

@@ -2,6 +2,9 @@
 
 ingest -> validate -> cover -> compress -> sft -> (sample -> rl) x iterations -> evaluate -> report
 
+With `config.baseline`, the same SFT also runs on the trajectories as they came (the no-removal arm
+of `race ablate`) and is evaluated beside the RACE policy (`after_sft_none`).
+
 `config.stages` selects what runs; a stage left out that a selected one needs is read from the
 store (or the run fails naming it), see `flows.run`.
 """
@@ -33,11 +36,17 @@ def run_pipeline(config: PipelineConfig, run_info: dict[str, Any] | None = None,
     decided = run.stage("cover", t.cover_task, store, ingested, base, cfg.cover, cfg.resources)
     compressed = run.stage("compress", t.compress_task, store, ingested, decided, base, cfg.cover.epsilon)
     policy = tuned = run.stage("sft", t.sft_task, store, compressed, base, cfg.sft, cfg.resources)
+    baseline = None
+    if cfg.baseline and "sft" in run.selected:  # the no-removal arm: same SFT on the uncompressed trajectories
+        run.manifests["arm_none"] = none = t.derived_arm_task(store, ingested, compressed, "none", base,
+                                                              cfg.cover.epsilon)
+        baseline = run.stage("sft", t.sft_task, store, none, base, cfg.sft, cfg.resources, label="sft_none")
     for i in range(cfg.rl.iterations):
         sampled = run.stage("sample", t.sample_task, store, policy, cfg.rl, cfg.resources, i, label=f"sample_{i}")
         policy = run.stage("rl", t.rl_task, store, policy, sampled, cfg.rl, cfg.cover.epsilon, cfg.resources, i,
                            label=f"rl_{i}")
-    for label, evaluated in (("before", base), ("after_sft", tuned), ("after_rl", policy)):
+    for label, evaluated in (("before", base), ("after_sft_none", baseline), ("after_sft", tuned),
+                             ("after_rl", policy)):
         if evaluated is not None and (label != "after_rl" or evaluated is not tuned):
             run.stage("evaluate", t.evaluate_task, store, evaluated, cfg.evaluate, cfg.resources, label,
                       label=f"evaluate_{label}")

@@ -12,7 +12,9 @@ from typing import Any
 
 import pandas as pd
 
-EVAL_STAGES = ("before", "after_sft", "after_rl")
+EVAL_STAGES = ("before", "after_sft_none", "after_sft", "after_rl")
+STAGE_NAMES = {"before": "before", "after_sft_none": "after SFT, no removal", "after_sft": "after SFT, RACE",
+               "after_rl": "after RL"}
 
 
 def _pyplot():
@@ -29,12 +31,13 @@ def plot_eval_by_stage(evals: dict[str, dict[str, float]], path: Path) -> Path |
     if not stages:
         return None
     plt = _pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    names = [STAGE_NAMES[s].replace(", ", ",\n") for s in stages]
     tokens = [evals[s]["reasoning_tokens_per_episode"] for s in stages]
     success = [100 * evals[s]["success_rate"] for s in stages]
-    left.bar(stages, tokens, color="#4C72B0")
+    left.bar(names, tokens, color="#4C72B0")
     left.set_title("reasoning tokens per episode")
-    right.bar(stages, success, color="#55A868")
+    right.bar(names, success, color="#55A868")
     right.set_ylim(0, 100)
     right.set_title("success rate (%)")
     for ax, values, fmt in ((left, tokens, "{:.1f}"), (right, success, "{:.0f}%")):
@@ -124,8 +127,8 @@ def render_markdown(summary: dict[str, Any], images: dict[str, str]) -> str:
     if evals:
         lines += ["## Held-out evaluation", "", "| stage | success rate | reasoning tokens / episode |",
                   "|---|---|---|"]
-        lines += [f"| {s} | {100 * evals[s]['success_rate']:.1f}% | {evals[s]['reasoning_tokens_per_episode']:.1f} |"
-                  for s in EVAL_STAGES if s in evals]
+        lines += [f"| {STAGE_NAMES[s]} | {100 * evals[s]['success_rate']:.1f}% | "
+                  f"{evals[s]['reasoning_tokens_per_episode']:.1f} |" for s in EVAL_STAGES if s in evals]
         lines.append("")
     stages = summary.get("stages", {})
     if stages:

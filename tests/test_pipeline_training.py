@@ -43,14 +43,16 @@ def test_whole_pipeline_twice_second_run_computes_nothing(prefect_harness, smoke
                                                            calls, monkeypatch):
     monkeypatch.setenv("RACE_CHECKPOINT_CACHE", str(tmp_path / "cache"))
     config = PipelineConfig(inputs=tuple(demo_inputs), checkpoint=str(smoke_policy), store=str(tmp_path / "store"),
-                            report_dir=str(tmp_path / "report"), **SMALL)
+                            report_dir=str(tmp_path / "report"), baseline=True, **SMALL)
     first = race_pipeline(config)
-    assert calls["score"] > 0 and calls["sft"] == 1
-    assert set(first["eval"]) == {"before", "after_sft", "after_rl"}
-    assert set(first["stages"]) >= {"ingest", "cover", "compress", "sft", "sample_0", "rl_0", "evaluate_before",
-                                    "evaluate_after_sft", "evaluate_after_rl"}
+    assert calls["score"] > 0 and calls["sft"] == 2  # RACE's and the no-removal baseline's
+    assert set(first["eval"]) == {"before", "after_sft_none", "after_sft", "after_rl"}
+    assert set(first["stages"]) >= {"ingest", "cover", "compress", "sft", "arm_none", "sft_none", "sample_0", "rl_0",
+                                    "evaluate_before", "evaluate_after_sft_none", "evaluate_after_sft",
+                                    "evaluate_after_rl"}
     for name in ("report.md", "summary.json", "eval_by_stage.png"):
         assert (tmp_path / "report" / name).exists()
+    assert "| after SFT, no removal |" in (tmp_path / "report" / "report.md").read_text()
     calls.update(score=0, sft=0)
     second = race_pipeline(config)
     assert calls == {"score": 0, "sft": 0}
