@@ -271,7 +271,8 @@ def cmd_gc(args) -> int:
     report = ArtifactStore(args.store).gc(dry_run=not args.delete, grace_hours=grace)
     verb = "removed" if args.delete else "would remove (dry run; --delete to remove)"
     found = [("unreferenced object(s)", report.objects), ("abandoned temp file(s)", report.temp_files),
-             ("quarantined corrupt object(s)", report.quarantined), ("abandoned multipart upload(s)", report.uploads)]
+             ("quarantined corrupt object(s)", report.quarantined), ("abandoned multipart upload(s)", report.uploads),
+             ("dead pool lease(s)", report.leases)]
     for what, items in found:
         print(f"{verb}: {len(items)} {what} older than {grace:g} h")
         for item in items:

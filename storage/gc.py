@@ -4,7 +4,9 @@ A stage puts its objects first and writes its manifest last, so between the two 
 unreferenced. `collect_garbage` therefore leaves alone everything younger than a grace period
 (`DEFAULT_GRACE_HOURS` unless told): unreferenced objects, and the litter of killed writers, which
 it also removes once old: `.tmp-*` files (local temp names that were never renamed), objects moved
-to `quarantine/` when a read found them corrupt, and S3 multipart uploads never completed. Reusing
+to `quarantine/` when a read found them corrupt, S3 multipart uploads never completed, and the
+leases of pool child runs (`leases/`, `tasks.pool`) that died with their parent (a live lease is
+rewritten every few seconds, so it is never that old). Reusing
 an existing object refreshes its age (`ArtifactStore.put_bytes`), so an old unreferenced object that
 a rerun produces again is young again.
 
@@ -29,6 +31,7 @@ from typing import Any
 from storage.store import _DIGEST, QUARANTINE, REFERENCE_ROOTS, TEMP_PREFIX, ArtifactStore
 
 HOUR_S = 3600.0
+LEASES = "leases"  # tasks.pool.lease_record
 
 
 @dataclass
@@ -40,6 +43,7 @@ class GCReport:
     temp_files: list[str] = field(default_factory=list)  # abandoned `.tmp-*` files older than the grace period
     quarantined: list[str] = field(default_factory=list)  # corrupt objects moved aside, older than the grace
     uploads: list[str] = field(default_factory=list)  # abandoned S3 multipart uploads older than the grace
+    leases: list[str] = field(default_factory=list)  # pool child runs' leases not renewed for the grace period
 
 
 def collect_garbage(store: ArtifactStore, dry_run: bool, grace_hours: float) -> GCReport:
@@ -59,12 +63,13 @@ def collect_garbage(store: ArtifactStore, dry_run: bool, grace_hours: float) -> 
                               if _name(p).startswith(TEMP_PREFIX) and age >= grace_s]
     report.quarantined = [_relative(store, p) for p, age in sorted(_ages(store, QUARANTINE).items())
                           if age >= grace_s]
+    report.leases = [_relative(store, p) for p, age in sorted(_ages(store, LEASES).items()) if age >= grace_s]
     uploads = _abandoned_uploads(store, grace_s)
     report.uploads = [f"{u['Key']} (upload {u['UploadId']})" for u in uploads]
     if not dry_run:
         for digest in report.objects:
             store.fs.rm_file(store.object_path(digest))
-        for relative in report.temp_files + report.quarantined:
+        for relative in report.temp_files + report.quarantined + report.leases:
             store.fs.rm_file(f"{store.root}/{relative}")
         for upload in uploads:
             store.fs.abort_mpu(store.root.split("/", 1)[0], upload["Key"], upload["UploadId"])

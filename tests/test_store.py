@@ -357,3 +357,15 @@ def test_manifest_json_is_readable_text(tmp_path):
     store.write_manifest("ingest", "k1", {"rows": 3, "note": "é"})
     text = Path(store.manifest_path("ingest", "k1")).read_text("utf-8")
     assert json.loads(text)["note"] == "é"
+
+
+def test_gc_takes_pool_leases_only_once_they_stopped_being_renewed(store):
+    """A pool child's lease (`tasks.pool`) left by a child and a parent that both died is litter; a
+    live one is rewritten every few seconds, so it is always younger than the grace period."""
+    store.write_record("leases/run-1.json", {"beat": 3})
+    assert store.gc(dry_run=False).leases == []  # young: maybe alive
+    assert store.read_record("leases/run-1.json") == {"beat": 3}
+    assert store.gc(dry_run=True, grace_hours=0).leases == ["leases/run-1.json"]
+    assert store.read_record("leases/run-1.json") is not None  # dry run deletes nothing
+    assert store.gc(dry_run=False, grace_hours=0).leases == ["leases/run-1.json"]
+    assert store.read_record("leases/run-1.json") is None
