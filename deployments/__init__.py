@@ -64,16 +64,16 @@ def build_deployments(nightly: NightlyConfig = SERVE_DEFAULTS, cron: str = NIGHT
 
 def prepare_pool(pool: str = DEFAULT_POOL, gpu_slots: int = 1, log=print) -> str:
     """Create the process work pool `pool` and the `gpu` concurrency limit (`gpu_slots` slots; both
-    kept if they exist, the limit set to `gpu_slots`) and deploy `race-score-shard/<pool>` to it.
-    Returns the deployment's name."""
+    kept if they exist, the limit set to `gpu_slots`) and deploy the child flows `race-score-shard`
+    and `race-sample-chunk` to it. Returns the shard deployment's name."""
     from pathlib import Path
 
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.exceptions import ObjectAlreadyExists
 
-    from flows.shard import GPU_LIMIT, race_score_shard
-    from tasks.pool import deployment_name
+    from flows.shard import GPU_LIMIT, race_sample_chunk, race_score_shard
+    from tasks.pool import POOL_FLOWS, deployment_name
 
     if gpu_slots < 1:
         raise ValueError(f"--gpu-slots: {gpu_slots} is not >= 1")
@@ -84,10 +84,15 @@ def prepare_pool(pool: str = DEFAULT_POOL, gpu_slots: int = 1, log=print) -> str
             pass
         client.upsert_global_concurrency_limit_by_name(GPU_LIMIT, gpu_slots)
     source = Path(__file__).resolve().parents[1]  # the folder holding flows/ (process workers load it)
-    race_score_shard.from_source(source=str(source), entrypoint="flows/shard.py:race_score_shard").deploy(
-        name=pool, work_pool_name=pool, build=False, push=False, print_next_steps=False, tags=["race", "gpu"],
-        description="Score a group of the cover's shards on this worker's device (child runs of a cover stage).")
-    log(f"race serve: work pool {pool!r} (process) with deployment {deployment_name(pool)!r}; concurrency limit "
+    for child, what in ((race_score_shard, "Score a group of the cover's shards on this worker's device "
+                                           "(child runs of a cover stage)."),
+                        (race_sample_chunk, "Play a chunk of an RL iteration's tasks on this worker's device "
+                                            "(child runs of a sample stage).")):
+        child.from_source(source=str(source), entrypoint=f"flows/shard.py:{child.fn.__name__}").deploy(
+            name=pool, work_pool_name=pool, build=False, push=False, print_next_steps=False, tags=["race", "gpu"],
+            description=what)
+    names = [deployment_name(pool, flow) for flow in POOL_FLOWS]
+    log(f"race serve: work pool {pool!r} (process) with deployments {names}; concurrency limit "
         f"{GPU_LIMIT!r}: {gpu_slots} slot(s). Start one worker per device: race worker --pool {pool} --device cuda:N")
     return deployment_name(pool)
 

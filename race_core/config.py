@@ -98,7 +98,7 @@ class Resources:
     batch_size: int = 16  # sequences per scoring forward
     shard_size: int = 64  # trajectories scored together (memory grows with it)
     kv_budget: int | str = 0  # KV-prefix copies the hf scorer keeps, e.g. 2GiB (0: half the free memory)
-    pool: str = ""  # Prefect work pool whose workers score the cover's shards, e.g. race-gpu ("": this process)
+    pool: str = ""  # Prefect work pool whose workers score the cover's shards and sample chunks ("": this process)
     pool_shards: int = 4  # shards per child flow run on the pool
     lease_timeout: float = 60.0  # seconds a pool worker may go silent before its shards are submitted again
 
@@ -160,6 +160,7 @@ class RLConfig:
     difficulty: int | None = None  # operations per training task (None: 1-3 at random)
     shape: str = "random"  # training task shape: random, or two-part (results carried across turns)
     cover_aware: bool = True  # mask removable reasoning and supervise closure (off: plain GRPO)
+    sample_chunk: int = 0  # tasks sampled together, the unit a pool's workers share (0: all K at once)
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,7 @@ class EvalConfig:
 
 # Fields added after stage keys were first written: left out of a key while at this default, so the
 # keys (and the stored results) of runs that do not set them stay what they were.
-KEY_OPTIONAL = {"local_only": False, "shape": "random", "cover_aware": True}
+KEY_OPTIONAL = {"local_only": False, "shape": "random", "cover_aware": True, "sample_chunk": 0}
 
 
 def key_fields(config: Any) -> dict[str, Any]:
@@ -215,6 +216,8 @@ class PipelineConfig:
                 raise ValueError(f"parameter '{name}': unknown {unknown}; known stages are {list(STAGES)}")
         if self.rl.iterations < 0:
             raise ValueError("parameter 'rl.iterations' must be >= 0")
+        if self.rl.sample_chunk < 0:
+            raise ValueError(f"parameter 'rl.sample_chunk': {self.rl.sample_chunk} is not >= 0 (0: all tasks at once)")
         for name, shape in (("rl.shape", self.rl.shape), ("evaluate.shape", self.evaluate.shape)):
             if shape not in SHAPES:
                 raise ValueError(f"parameter '{name}': {shape!r} is not one of {SHAPES}")

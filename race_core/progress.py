@@ -94,6 +94,34 @@ class ProgressFigures:
                 f"elapsed {_clock(self.elapsed_s)}, ETA {eta}")
 
 
+def combine_figures(parts: Sequence[tuple[ProgressFigures | None, int, bool]], elapsed_s: float
+                    ) -> ProgressFigures | None:
+    """The progress of one cover split between processes (a pool's child runs). Each part is (its
+    latest figures or None when not heard from yet, its trajectories, whether it has finished). A
+    part not heard from is predicted at the mean work per trajectory of those heard; a finished
+    part counts as all done. None until some part has reported."""
+    heard = [(f, n) for f, n, _ in parts if f is not None]
+    if not heard:
+        return None
+    trajectories = sum(f.trajectories_total or n for f, n in heard) or 1
+    tokens_each = sum(f.tokens_total for f, _ in heard) / trajectories
+    candidates_each = sum(f.candidates_total for f, _ in heard) / trajectories
+    tokens_done = tokens_total = candidates_done = candidates_total = begun = 0
+    for figures, n, finished in parts:
+        tokens, candidates = ((figures.tokens_total, figures.candidates_total) if figures is not None
+                              else (round(tokens_each * n), round(candidates_each * n)))
+        tokens_total, candidates_total = tokens_total + tokens, candidates_total + candidates
+        if finished:
+            tokens_done, candidates_done, begun = tokens_done + tokens, candidates_done + candidates, begun + n
+        elif figures is not None:
+            tokens_done += figures.tokens_done
+            candidates_done += figures.candidates_done
+            begun += figures.trajectories_begun
+    return ProgressFigures(tokens_done=tokens_done, tokens_total=tokens_total, candidates_done=candidates_done,
+                           candidates_total=candidates_total, trajectories_begun=begun,
+                           trajectories_total=sum(n for _, n, _ in parts), elapsed_s=elapsed_s)
+
+
 def _clock(seconds: float) -> str:
     minutes, secs = divmod(int(round(seconds)), 60)
     hours, minutes = divmod(minutes, 60)

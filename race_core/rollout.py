@@ -54,6 +54,7 @@ from race_core.schema import SchemaError, Trajectory, Turn
 ROLLOUT_SOURCE_REVISION = f"on-policy-env-r{ENV_REVISION}"
 ROLLOUT_FORMAT = "race.rollouts/v1"
 _STEP_SEED_STRIDE = 1_000_003  # sampler seed of step s = seed + s * stride
+_CHUNK_SEED_STRIDE = 7_919_009  # sampler seed of sample chunk c = seed + c * stride (rl.sample_chunk)
 
 
 @dataclass(frozen=True)
@@ -214,12 +215,14 @@ def run_rollouts(
     group_size: int = 1,
     params: SamplingParams | None = None,
     max_turns: int = DEFAULT_MAX_TURNS,
+    first_group: int = 0,
 ) -> list[Rollout]:
     """Play `group_size` episodes of every task; one sampler call per step over all unfinished
     episodes. Rollouts come back task-major: tasks[0] sample 0..G-1, tasks[1] ..., with `group`
-    = the task's index."""
+    = `first_group` + the task's index."""
     params = params or SamplingParams()
-    episodes = [_Episode(renderer, task, k, g, max_turns) for k, task in enumerate(tasks) for g in range(group_size)]
+    episodes = [_Episode(renderer, task, first_group + k, g, max_turns)
+                for k, task in enumerate(tasks) for g in range(group_size)]
     step = 0
     while active := [e for e in episodes if not e.done]:
         step_params = replace(params, n=1, seed=params.seed + step * _STEP_SEED_STRIDE)
@@ -240,6 +243,7 @@ def play_episodes(
     max_turns: int = DEFAULT_MAX_TURNS,
     *,
     batch_size: int = 32,
+    first_group: int = 0,
 ) -> list[Rollout]:
     """`run_rollouts` with an HFSampler over the in-memory `model` (on whatever device and dtype it
     was loaded with)."""
@@ -247,7 +251,7 @@ def play_episodes(
 
     renderer = Renderer(tokenizer)
     sampler = HFSampler(model, tokenizer, renderer=renderer, batch_size=batch_size)
-    return run_rollouts(sampler, renderer, tasks, group_size, params, max_turns)
+    return run_rollouts(sampler, renderer, tasks, group_size, params, max_turns, first_group)
 
 
 def training_tasks(config: RLConfig, iteration: int) -> list[CalculatorTask]:
@@ -256,13 +260,28 @@ def training_tasks(config: RLConfig, iteration: int) -> list[CalculatorTask]:
                           shape=config.shape)
 
 
-def sample_rollouts(model, tokenizer, config: RLConfig, iteration: int) -> list[Rollout]:
-    """G rollouts for each of the K training tasks of `iteration` from the policy `model` (sampler
-    seed config.seed + iteration); their log-probs are the update's logp_old."""
-    params = SamplingParams(temperature=config.temperature, top_p=config.top_p,
-                            max_new_tokens=config.max_new_tokens, seed=config.seed + iteration)
-    return play_episodes(model, tokenizer, training_tasks(config, iteration), config.group_size, params,
-                         config.max_turns)
+def sample_chunks(config: RLConfig) -> list[tuple[int, int]]:
+    """The [start, stop) task ranges sampled together: `config.sample_chunk` tasks each, or one
+    range of all K when it is 0."""
+    size = config.sample_chunk or max(config.tasks_per_iteration, 1)
+    return [(start, min(start + size, config.tasks_per_iteration))
+            for start in range(0, config.tasks_per_iteration, size)]
+
+
+def sample_rollouts(model, tokenizer, config: RLConfig, iteration: int, chunk: int | None = None) -> list[Rollout]:
+    """G rollouts for each of the K training tasks of `iteration` from the policy `model`; their
+    log-probs are the update's logp_old. `chunk` c (of `sample_chunks`) plays only its tasks, with
+    sampler seed config.seed + iteration + c * stride, so a chunk's rollouts depend on the policy,
+    the config and c alone, not on where or beside what it runs; None plays every chunk in turn
+    (with `sample_chunk` 0: one draw of all K tasks at seed config.seed + iteration)."""
+    ranges = sample_chunks(config)
+    if chunk is None:
+        return [r for c in range(len(ranges)) for r in sample_rollouts(model, tokenizer, config, iteration, c)]
+    start, stop = ranges[chunk]
+    params = SamplingParams(temperature=config.temperature, top_p=config.top_p, max_new_tokens=config.max_new_tokens,
+                            seed=config.seed + iteration + chunk * _CHUNK_SEED_STRIDE)
+    return play_episodes(model, tokenizer, training_tasks(config, iteration)[start:stop], config.group_size, params,
+                         config.max_turns, first_group=start)
 
 
 def sample_successful_trajectories(model, tokenizer, tasks: int, samples: int, seed: int,

@@ -39,7 +39,7 @@ STAGE_SOURCES: dict[str, tuple[str, ...]] = {
             "storage/parquet.py", "tasks/stages.py", "tasks/ablation.py"),
     "sft": ("race_core/train/sft.py", "race_core/loss.py", *_RENDER, "storage/parquet.py",
             "tasks/training_stages.py"),
-    "sample": (*_POLICY_LOOP, *_RENDER, "tasks/training_stages.py"),
+    "sample": (*_POLICY_LOOP, *_RENDER, "tasks/training_stages.py", "tasks/chunks.py"),
     "rl": ("race_core/train/rl.py", "race_core/loss.py", "race_core/cover.py", "race_core/scoring/*.py",
            "race_core/rollout.py", *_RENDER, "tasks/training_stages.py"),
     "evaluate": ("race_core/evaluate.py", *_POLICY_LOOP, *_RENDER, "tasks/training_stages.py"),

@@ -80,12 +80,36 @@ def plan_shards(store: ArtifactStore, trajectories_digest: str, shard_size: int)
     return [Shard(i, tuple(ids[at:at + shard_size])) for i, at in enumerate(range(0, len(ids), shard_size))]
 
 
-def committed(store: ArtifactStore, key: str) -> dict[str, Any] | None:
-    """The shard's manifest if it is committed and its objects are all there, else None."""
-    manifest = store.read_record(manifest_record(key))
+def usable(store: ArtifactStore, record: str) -> dict[str, Any] | None:
+    """The unit manifest at `record` if it is committed and its objects are all there, else None."""
+    manifest = store.read_record(record)
     if manifest is None or store.manifest_damage(manifest) is not None:
         return None
     return manifest
+
+
+def committed(store: ArtifactStore, key: str) -> dict[str, Any] | None:
+    """The shard's manifest if it is committed and its objects are all there, else None."""
+    return usable(store, manifest_record(key))
+
+
+def commit_record(store: ArtifactStore, record: str, manifest: dict[str, Any], force: bool = False) -> bool:
+    """Commit a unit manifest (a shard's, a sample chunk's) create-if-absent: False when another
+    writer's copy is there first (ours is dropped). A damaged one (an object lost) is replaced, and
+    with `force` any."""
+    existing = store.read_record(record)
+    replace = force or (existing is not None and store.manifest_damage(existing) is not None)
+    try:
+        store.write_record(record, manifest, overwrite=replace)
+    except FileExistsError:
+        return False
+    return True
+
+
+def unit_provenance(device: str) -> dict[str, Any]:
+    """Who committed a unit manifest, and when."""
+    return {"created_at": datetime.now(timezone.utc).isoformat(), "code_version": code_version(),
+            "created_by": f"{socket.gethostname()}:{os.getpid()}", "device": device}
 
 
 def read_shards(store: ArtifactStore, trajectories_digest: str, shard_size: int, wanted: Iterable[Shard]
@@ -285,16 +309,8 @@ def _score_and_commit(store: ArtifactStore, key: str, shard: Shard, trajectories
                "context_tokens": work.limit if work.scorer is not None else earlier.get("context_tokens"),
                "render_mode": work.ctx.render_mode if work.ctx is not None else earlier.get("render_mode")}
     record = {"stage": SHARD_STAGE, "key": key, "trajectory_ids": list(shard.ids), "objects": objects,
-              "object_sizes": sizes, "metrics": metrics, "created_at": datetime.now(timezone.utc).isoformat(),
-              "code_version": code_version(), "created_by": f"{socket.gethostname()}:{os.getpid()}",
-              "device": device}
-    existing = store.read_record(manifest_record(key))  # a damaged one (an object lost) is replaced
-    replace = force or (existing is not None and store.manifest_damage(existing) is not None)
-    try:  # create-if-absent: the first writer's copy is the shard
-        store.write_record(manifest_record(key), record, overwrite=replace)
-    except FileExistsError:
-        return False, metrics["reused"]
-    return True, metrics["reused"]
+              "object_sizes": sizes, "metrics": metrics, **unit_provenance(device)}
+    return commit_record(store, manifest_record(key), record, force), metrics["reused"]
 
 
 def merge_shards(store: ArtifactStore, scope: str, plan: list[Shard], log: Log) -> dict[str, Any]:

@@ -310,7 +310,7 @@ def cover(store: ArtifactStore, trajectories_digest: str, checkpoint: str, model
             from tasks.pool import score_on_pool
 
             score_on_pool(store, trajectories_digest, checkpoint, model_digest, config, resources, scope, todo, log,
-                          force=force)
+                          force=force, on_progress=on_progress)
         elif todo:
             shown = CoverProgress(sum(len(s.ids) for s in plan), log=log, publish=on_progress)
             shown.skip(sum(len(s.ids) for s in plan) - sum(len(s.ids) for s in todo))

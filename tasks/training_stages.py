@@ -19,7 +19,8 @@ from typing import Any
 from race_core.config import EvalConfig, Resources, RLConfig, SFTConfig, key_fields
 from race_core.envs.calculator import ENV_REVISION
 from race_core.policy import checkpoint_digest
-from storage import ArtifactStore, put_checkpoint, restore_checkpoint
+from storage import ArtifactStore, put_checkpoint, restore_checkpoint, stage_key
+from tasks.fingerprints import stage_code
 from tasks.stages import Log, _quiet, iter_trajectories, run_stage
 
 CACHE_ENV = "RACE_CHECKPOINT_CACHE"
@@ -112,15 +113,44 @@ def _rl_keyed(config: RLConfig, resources: Resources, iteration: int) -> dict[st
     return {k: v for k, v in _model_config(config, resources, iteration=iteration).items() if k != "iterations"}
 
 
+def _sample_keyed(policy: PolicyRef, config: RLConfig, resources: Resources, iteration: int
+                  ) -> tuple[dict[str, Any], dict[str, str]]:
+    """The sample stage's keyed config and inputs."""
+    keyed = {k: v for k, v in _rl_keyed(config, resources, iteration).items() if k != "cover_aware"}  # not sampling's
+    return {**keyed, "env_revision": ENV_REVISION}, {"policy": policy.folder or policy.digest}
+
+
+def sample_scope(policy: PolicyRef, config: RLConfig, resources: Resources, iteration: int) -> str:
+    """The sample stage's key: the scope of its chunks' manifests (`tasks.chunks`)."""
+    keyed, inputs = _sample_keyed(policy, config, resources, iteration)
+    return stage_key("sample", 1, keyed, inputs, policy.digest, stage_code("sample", keyed))
+
+
 def sample(store: ArtifactStore, policy: PolicyRef, config: RLConfig, resources: Resources, iteration: int,
            log: Log = _quiet, only_cached: bool = False, force: bool = False) -> dict[str, Any]:
-    """On-policy episodes of the current policy in the calculator: K tasks × G rollouts."""
+    """On-policy episodes of the current policy in the calculator: K tasks × G rollouts, played in
+    chunks of `config.sample_chunk` tasks (`tasks.chunks`), on the pool's workers when
+    `resources.pool` names one."""
+    keyed, inputs = _sample_keyed(policy, config, resources, iteration)
 
     def compute() -> dict[str, Any]:
-        from race_core.rollout import rollouts_to_json, sample_rollouts
+        from race_core.rollout import rollouts_to_json, sample_chunks
+        from tasks import chunks
 
-        model, tokenizer = policy.load(store, resources)
-        rollouts = sample_rollouts(model, tokenizer, config, iteration)
+        scope = sample_scope(policy, config, resources, iteration)
+        planned = range(len(sample_chunks(config)))
+        todo = [c for c in planned if force or chunks.chunk_committed(store, scope, c) is None]
+        if len(planned) > 1 or resources.pool:
+            log(f"sample: iteration {iteration}: {len(planned)} chunk(s) of up to {config.sample_chunk or config.tasks_per_iteration} "
+                f"task(s); {len(planned) - len(todo)} committed before")
+        if todo and resources.pool:  # child flow runs on the pool's workers (tasks.pool)
+            from tasks.pool import sample_on_pool
+
+            sample_on_pool(store, policy, config, resources, iteration, scope, todo, log, force=force)
+        elif todo:
+            chunks.sample_and_commit(store, scope, todo, lambda: policy.load(store, resources), config, iteration,
+                                     log, device=resources.device, force=force)
+        rollouts = chunks.merge_chunks(store, scope, len(planned))
         digest = store.put_bytes(rollouts_to_json(rollouts).encode("utf-8"))
         successes = sum(r.success for r in rollouts)
         turns = sum(len(r.turns) for r in rollouts)
@@ -130,10 +160,7 @@ def sample(store: ArtifactStore, policy: PolicyRef, config: RLConfig, resources:
                 "metrics": {"rollouts": len(rollouts), "success_rate": successes / max(len(rollouts), 1),
                             "reasoning_tokens_per_turn": reasoning / max(turns, 1)}}
 
-    keyed = {k: v for k, v in _rl_keyed(config, resources, iteration).items() if k != "cover_aware"}  # not sampling's
-    return run_stage(store, "sample", 1, {**keyed, "env_revision": ENV_REVISION},
-                     {"policy": policy.folder or policy.digest}, policy.digest, compute,
-                     only_cached, force, log)
+    return run_stage(store, "sample", 1, keyed, inputs, policy.digest, compute, only_cached, force, log)
 
 
 def rl(store: ArtifactStore, policy: PolicyRef, rollouts_digest: str, config: RLConfig, epsilon: float,

@@ -143,3 +143,23 @@ def test_the_prefect_cover_task_publishes_the_same_figures(prefect_harness, tiny
                          [CoverResult(trajectory=t, skipped_turns=(), audit=[], original=t) for t in trajectories])
     assert latest.description.startswith(f"LoGiC cover: {bound:,}/{bound:,} tokens (100%), ")
     assert "candidates" in latest.description and "ETA 0:00" in latest.description
+
+
+def test_a_pool_adds_up_its_children_and_predicts_the_silent_ones():
+    """`tasks.pool` reads each child run's figures from its lease; a child not heard from yet is
+    predicted at the mean work per trajectory of the others, a finished one counts as done."""
+    from race_core.progress import combine_figures
+
+    halfway = ProgressFigures(tokens_done=100, tokens_total=400, candidates_done=2, candidates_total=8,
+                              trajectories_begun=4, trajectories_total=8, elapsed_s=10.0)
+    finished = ProgressFigures(tokens_done=250, tokens_total=300, candidates_done=5, candidates_total=6,
+                               trajectories_begun=4, trajectories_total=4, elapsed_s=9.0)
+    assert combine_figures([(None, 8, False)], 1.0) is None  # nothing heard: nothing to say
+    combined = combine_figures([(halfway, 8, False), (None, 6, False), (finished, 4, True)], 20.0)
+    assert combined.tokens_total == 400 + round(6 * 700 / 12) + 300
+    assert combined.tokens_done == 100 + 300  # a finished child's last beat may be older than its end
+    assert combined.candidates_total == 8 + round(6 * 14 / 12) + 6 and combined.candidates_done == 2 + 6
+    assert (combined.trajectories_begun, combined.trajectories_total) == (8, 18)
+    assert combined.rate == 400 / 20.0 and 0 < combined.fraction < 1
+    done = combine_figures([(halfway, 8, True), (None, 6, True)], 20.0)
+    assert done.fraction == 1.0 and done.eta_s == 0.0

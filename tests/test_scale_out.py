@@ -1,9 +1,10 @@
 """Scale-out on loopback (issue 16): a real `prefect server start`, a moto S3 server as the store,
-`race serve` (the pool, the `gpu` limit, the shard deployment) and two `race worker` processes on
-CPU. `race run --pool race-gpu` scores the cover's shards as child flow runs on the workers: every
-decision equals the one-process cover's. Then a run during which one worker's process group is
-SIGKILLed while its child run holds a lease: the run completes, the dead worker's shards scored
-on the other one, each shard committed once, every object in the store intact."""
+`race serve` (the pool, the `gpu` limit, the shard and sample-chunk deployments) and two `race
+worker` processes on CPU. `race run --pool race-gpu` scores the cover's shards as child flow runs on
+the workers: every decision equals the one-process cover's. Then a run during which one worker's
+process group is SIGKILLed while its child run holds a lease: the run completes, the dead worker's
+shards scored on the other one, each shard committed once, every object in the store intact. Last,
+the sample stage's chunks played on the pool: the same rollouts as one process."""
 
 import json
 import os
@@ -148,20 +149,35 @@ def _check_store(store: ArtifactStore, scope: str, expected_keys: set[str]) -> N
     assert objects and all(store.verify_object(digest) for digest in objects)
 
 
+class _Processes:
+    """Processes started for one test, each logging to a file; all killed at the end."""
+
+    def __init__(self, env: dict, tmp: Path, name: str):
+        self.env, self.tmp, self.name, self.logs, self.procs = env, tmp, name, [], []
+
+    def start(self, label: str, argv: list[str]) -> subprocess.Popen:
+        self.logs.append(open(self.tmp / f"{self.name}-{label}.log", "w"))
+        self.procs.append(subprocess.Popen(argv, env=self.env, stdout=self.logs[-1], stderr=subprocess.STDOUT,
+                                           cwd=REPO, start_new_session=True))
+        return self.procs[-1]
+
+    def tails(self) -> str:
+        return "".join(_tail(Path(log.name)) for log in self.logs)
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            _kill(proc)
+        for log in self.logs:
+            log.close()
+
+
 def _run_with_workers(loopback, baseline, tiny_checkpoint, name: str, pool_shards: int, kill: bool):
     env, tmp = loopback
     inputs, _, _ = baseline
-    logs, procs = [], []
-
-    def start_worker(label, argv):
-        logs.append(open(tmp / f"{name}-{label}.log", "w"))
-        procs.append(subprocess.Popen(argv, env=env, stdout=logs[-1], stderr=subprocess.STDOUT, cwd=REPO,
-                                      start_new_session=True))
-        return procs[-1]
-
+    processes = _Processes(env, tmp, name)
     store = ArtifactStore(f"s3://{BUCKET}/{name}")
     run_log = tmp / f"{name}-run.log"
-    workers = _workers(start_worker)
+    workers = _workers(processes.start)
     started = time.monotonic()
     run = _race_run(env, inputs, tiny_checkpoint, store.url, run_log, pool_shards)
     killed = None
@@ -178,12 +194,10 @@ def _run_with_workers(loopback, baseline, tiny_checkpoint, name: str, pool_shard
             killed.wait(30)
         run.wait(300)
         wall = time.monotonic() - started
-        assert run.returncode == 0, _tail(run_log) + "".join(_tail(Path(log.name)) for log in logs)
+        assert run.returncode == 0, _tail(run_log) + processes.tails()
     finally:
-        for proc in [run, *procs]:
-            _kill(proc)
-        for log in logs:
-            log.close()
+        _kill(run)
+        processes.stop()
     return env, store, run_log, wall, killed
 
 
@@ -208,6 +222,7 @@ def test_a_run_spread_over_two_workers_decides_as_one_process(loopback, baseline
     # the shards were scored by the workers' child runs, not by `race run` itself
     log = run_log.read_text()
     assert log.count("submitted to pool 'race-gpu'") == 2, log[-3000:]
+    assert "cover: 2 of 2 child run(s) done on pool 'race-gpu'" in log, log[-3000:]
     writers = {store.read_manifest(SHARD_STAGE, k)["created_by"] for k in keys}
     print(f"pool run: {wall:.1f} s wall, shards written by {sorted(writers)}")
 
@@ -226,3 +241,61 @@ def test_a_worker_killed_mid_run_leaves_a_complete_uncorrupted_result(loopback, 
     log = run_log.read_text()
     assert "is taken for dead; its shards go again" in log, log[-4000:]  # the lease expired: resubmitted
     print(f"kill run: {wall:.1f} s wall")
+
+
+SAMPLE_CONFIG = {"tasks_per_iteration": 4, "group_size": 2, "sample_chunk": 2, "max_new_tokens": 48, "max_turns": 4}
+POOL_SAMPLE = """
+import json, sys
+from race_core.config import Resources, RLConfig
+from storage import ArtifactStore
+from tasks import training_stages
+from tasks.training_stages import PolicyRef
+manifest = training_stages.sample(ArtifactStore(sys.argv[1]), PolicyRef.local(sys.argv[2]), RLConfig(**json.loads(sys.argv[3])),
+                                  Resources(pool="race-gpu", lease_timeout=20), 0, log=print)
+print(json.dumps(manifest["objects"]))
+"""
+
+
+def test_sample_chunks_played_on_the_pool_are_the_rollouts_of_one_process(loopback, smoke_policy, tmp_path):
+    from race_core.config import RLConfig
+    from tasks import training_stages
+    from tasks.chunks import CHUNK_STAGE
+    from tasks.training_stages import PolicyRef
+
+    env, tmp = loopback
+    one = training_stages.sample(ArtifactStore(tmp_path / "store"), PolicyRef.local(smoke_policy),
+                                 RLConfig(**SAMPLE_CONFIG), Resources(), 0)
+    processes = _Processes(env, tmp, "sample")
+    store = ArtifactStore(f"s3://{BUCKET}/sample")
+    try:
+        _workers(processes.start)
+        started = time.monotonic()
+        run = processes.start("run", [sys.executable, "-c", POOL_SAMPLE, store.url, str(smoke_policy),
+                                      json.dumps(SAMPLE_CONFIG)])
+        assert run.wait(300) == 0, processes.tails()
+        wall = time.monotonic() - started
+    finally:
+        processes.stop()
+    log = (tmp / "sample-run.log").read_text()
+    pooled = json.loads(log.strip().splitlines()[-1])["rollouts"]
+    assert pooled == one["objects"]["rollouts"], _first_difference(ArtifactStore(tmp_path / "store"), store, one, pooled)
+    assert log.count("submitted to pool 'race-gpu'") == 2, log[-3000:]  # one child run per chunk
+    records = [store.read_record(f"stages/{CHUNK_STAGE}/{name}") for name in store.list_records(f"stages/{CHUNK_STAGE}")]
+    assert len(records) == 2 and all(r["created_by"].split(":")[1] != str(run.pid) for r in records)
+    assert not store.fs.glob(f"{store.root}/leases/*.json")  # the children removed their leases
+    print(f"pooled sample: {wall:.1f} s wall, chunks written by {sorted(r['created_by'] for r in records)}")
+
+
+
+def _first_difference(local: ArtifactStore, pool: ArtifactStore, one: dict, pooled: str) -> str:
+    """Where the pool's rollouts first differ from one process's (a failure's message)."""
+    from race_core.rollout import rollouts_from_json
+
+    ours = rollouts_from_json(local.get_bytes(one["objects"]["rollouts"]).decode("utf-8"))
+    theirs = rollouts_from_json(pool.get_bytes(pooled).decode("utf-8"))
+    for a, b in zip(ours, theirs, strict=True):
+        for name in vars(a):
+            if getattr(a, name) != getattr(b, name):
+                return (f"rollout group {a.group} sample {a.sample_index}: {name} differs: "
+                        f"{str(getattr(a, name))[:400]} vs {str(getattr(b, name))[:400]}")
+    return "same rollouts, other bytes"
