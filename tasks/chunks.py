@@ -2,7 +2,8 @@
 
 With `rl.sample_chunk` = C > 0 the K tasks of an iteration are played C at a time
 (`race_core.rollout.sample_chunks`): chunk c has its own sampler seed, so its rollouts depend on the
-policy, the config and c alone, whatever process or device plays it and beside what. Each chunk
+policy, the config and c alone, not on the process that plays it or what else it plays (up to
+the float rounding of that process's kernels: tests/test_scale_out.py). Each chunk
 commits its rollouts object and a manifest `stages/sample-chunk/<scope>-<c>.json` (the scope is the
 sample stage's key), create-if-absent like a cover shard; the stage's rollouts are the chunks' in task
 order. On a pool (`resources.pool`) each chunk is a child flow run of `race-sample-chunk/<pool>`

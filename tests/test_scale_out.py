@@ -278,7 +278,10 @@ def test_sample_chunks_played_on_the_pool_are_the_rollouts_of_one_process(loopba
         processes.stop()
     log = (tmp / "sample-run.log").read_text()
     pooled = json.loads(log.strip().splitlines()[-1])["rollouts"]
-    assert pooled == one["objects"]["rollouts"], _first_difference(ArtifactStore(tmp_path / "store"), store, one, pooled)
+    difference = _first_difference(ArtifactStore(tmp_path / "store"), store, one, pooled)
+    assert difference is None, difference
+    print("pooled rollouts: " + ("the same bytes" if pooled == one["objects"]["rollouts"] else
+                                 "the same episodes, log-probs within float rounding"))
     assert log.count("submitted to pool 'race-gpu'") == 2, log[-3000:]  # one child run per chunk
     records = [store.read_record(f"stages/{CHUNK_STAGE}/{name}") for name in store.list_records(f"stages/{CHUNK_STAGE}")]
     assert len(records) == 2 and all(r["created_by"].split(":")[1] != str(run.pid) for r in records)
@@ -287,15 +290,21 @@ def test_sample_chunks_played_on_the_pool_are_the_rollouts_of_one_process(loopba
 
 
 
-def _first_difference(local: ArtifactStore, pool: ArtifactStore, one: dict, pooled: str) -> str:
-    """Where the pool's rollouts first differ from one process's (a failure's message)."""
+def _first_difference(local: ArtifactStore, pool: ArtifactStore, one: dict, pooled: str) -> str | None:
+    """Where the pool's rollouts first differ from one process's, or None: the same episodes (tasks,
+    tokens, roles, rewards) with log-probs within float rounding (a worker process's kernels may sum
+    in another order: the 5th digit moved in some runs here)."""
     from race_core.rollout import rollouts_from_json
 
     ours = rollouts_from_json(local.get_bytes(one["objects"]["rollouts"]).decode("utf-8"))
     theirs = rollouts_from_json(pool.get_bytes(pooled).decode("utf-8"))
+    if len(ours) != len(theirs):
+        return f"{len(theirs)} rollouts from the pool, {len(ours)} from one process"
     for a, b in zip(ours, theirs, strict=True):
         for name in vars(a):
-            if getattr(a, name) != getattr(b, name):
-                return (f"rollout group {a.group} sample {a.sample_index}: {name} differs: "
-                        f"{str(getattr(a, name))[:400]} vs {str(getattr(b, name))[:400]}")
-    return "same rollouts, other bytes"
+            x, y = getattr(a, name), getattr(b, name)
+            if name == "old_logprobs" and len(x) == len(y) and max(map(abs, map(float.__sub__, x, y)), default=0) < 1e-3:
+                continue
+            if x != y:
+                return f"rollout group {a.group} sample {a.sample_index}: {name} differs: {str(x)[:400]} vs {str(y)[:400]}"
+    return None
