@@ -7,7 +7,7 @@ race demo                          the whole pipeline on embedded defaults, with
 race ablate [--out DIR]            RACE against no / local-only / random / all removal, over SFT seeds; RL vs GRPO
 race report --summary F            rebuild report.md and plots from a summary.json (+ decisions)
 race serve                         serve the deployments (manual, nightly) to a Prefect server
-race worker --pool P --device D    a worker of the shard pool on one device (`race run --pool P`)
+race worker --pool P --device D    a worker of the pool (cover shards, sample chunks) on one device (`race run --pool P`)
 race gc [--delete]                 list (or remove) unreferenced objects and litter older than --grace-hours
 race bench scoring [--json FILE]   scoring benchmark: naive vs full-forward vs ours vs the work bound
 race model smollm2                 build SmolLM2-135M-Instruct offline into a local checkpoint folder

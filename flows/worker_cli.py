@@ -19,7 +19,7 @@ DEVICE = re.compile(r"^(cpu|cuda|cuda:\d+|mps)$")
 def add_worker_parser(sub) -> None:
     from deployments import DEFAULT_POOL
 
-    p = sub.add_parser("worker", help="a worker of the GPU pool: scores the cover's shards on one device")
+    p = sub.add_parser("worker", help="a worker of the GPU pool: scores cover shards and plays sample chunks on one device")
     p.add_argument("--pool", default=DEFAULT_POOL, help=f"the process work pool (default: {DEFAULT_POOL})")
     p.add_argument("--device", required=True, help="the device this worker scores on: cuda:N, cuda, cpu")
     p.add_argument("--name", help="worker name (default: race-<host>-<device>)")
