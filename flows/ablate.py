@@ -97,7 +97,7 @@ def race_ablate(home: str = ".race", out: str = "runs/ablate", seeds: tuple[int,
     result = {
         "arms": arms,
         "before": _metrics(before, base),
-        "removed_by_kind": kind_shares_task(store, ingested, compressed),
+        "removed_by_kind": _removed_by_kind(store, ingested, compressed),
         "training": {arm: compressed[arm]["metrics"] for arm in compressed},
         "compressed": {arm: compressed[arm]["objects"]["compressed"] for arm in compressed},  # each arm's Parquet
         "computed": sum(not m["cached"] for m in manifests),  # stages computed by this run (0: all cached)
@@ -121,7 +121,8 @@ def _moved_after(start: dict[str, Any], curve: list[dict[str, Any]]) -> int | No
     return next((c["iteration"] for c in curve if any(c[k] != start[k] for k in same)), None)
 
 
-def kind_shares_task(store: str, ingested: dict[str, Any], compressed: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def _removed_by_kind(store: str, ingested: dict[str, Any], compressed: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Share of each reasoning kind that each arm removed (read from the stored manifests)."""
     from storage import ArtifactStore
     from tasks.ablation import kind_shares
 
