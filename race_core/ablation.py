@@ -45,12 +45,6 @@ def derived_removal(arm: str, trajectory: Trajectory, race_removed: int, seed: i
     raise ValueError(f"not a derived arm: {arm!r} (one of {DERIVED_ARMS})")
 
 
-def remove_reasoning(trajectory: Trajectory, turns: Iterable[int]) -> Trajectory:
-    for k in sorted(turns):
-        trajectory = trajectory.without_reasoning(k)
-    return trajectory
-
-
 def removed_by_kind(originals: Iterable[Trajectory], removed: Mapping[str, Sequence[int]]) -> dict[str, dict[str, Any]]:
     """kind -> {candidates, removed, share}: of the candidate turns of each kind, how many were removed
     (`removed`: trajectory id -> its removed turns; a trajectory not in it had none removed)."""

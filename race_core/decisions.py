@@ -23,6 +23,13 @@ class CoverContext:
     render_mode: str = ""
 
 
+def remove_reasoning(trajectory: Trajectory, turns: Iterable[int]) -> Trajectory:
+    """The trajectory with the reasoning of `turns` removed (a compressed trajectory)."""
+    for k in sorted(turns):
+        trajectory = trajectory.without_reasoning(k)
+    return trajectory
+
+
 def reasoning_tokens(renderer: Renderer, trajectory: Trajectory) -> int:
     return sum(len(renderer.encode(turn.reasoning)) for turn in trajectory.turns)
 

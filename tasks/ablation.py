@@ -61,14 +61,8 @@ def summarize(arms: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """(arm, phase) -> mean / min / max / std over seeds of each metric."""
     out: dict[str, dict[str, Any]] = {}
     for entry in arms:
-        for phase in ("sft", "rl", "grpo"):
-            if phase == "sft":
-                values = entry
-            else:
-                values = entry.get(phase)
-                if values is None:
-                    continue
-            key = entry["arm"] if phase == "sft" else f"{entry['arm']}+{phase}"
+        phases = {entry["arm"]: entry} | {f"{entry['arm']}+{p}": entry[p] for p in ("rl", "grpo") if entry.get(p)}
+        for key, values in phases.items():
             for m in METRICS:
                 out.setdefault(key, {}).setdefault(m, []).append(values[m])
     return {key: {m: spread(v) for m, v in metrics.items()} | {"seeds": len(metrics[METRICS[0]])}

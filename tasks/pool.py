@@ -108,7 +108,7 @@ class PoolWork:
     what: str  # "cover" or "sample": the log lines' prefix
     noun: str  # "shards", "chunks"
     done: Callable[[Any], bool]  # a unit committed (its manifest usable)
-    parameters: Callable[[list[Any]], dict[str, Any]]  # the child run's parameters for a group
+    parameters: Callable[[list[Any]], dict[str, Any]]  # a group's child run parameters (store, resources, force added)
     index: Callable[[Any], int] = lambda unit: unit
     size: Callable[[Any], int] = lambda unit: 1  # trajectories of a unit (progress)
 
@@ -129,13 +129,11 @@ def score_on_pool(store: ArtifactStore, trajectories_digest: str, checkpoint: st
                   config: CoverConfig, resources: Resources, scope: str, todo: list[Shard], log: Log,
                   force: bool = False, on_progress: Callable[[ProgressFigures], None] | None = None) -> None:
     """Score the cover's shards `todo` on the pool's workers; returns when every one is committed."""
-    child_resources = asdict(replace(resources, pool=""))
     work = PoolWork(
         SHARD_FLOW, "cover", "shards", lambda s: committed(store, shard_key(scope, s)) is not None,
-        lambda group: {"store": store.url, "trajectories": trajectories_digest, "checkpoint": checkpoint,
-                       "model_digest": model_digest, "scope": scope, "config": asdict(config),
-                       "resources": child_resources, "shards": [{"index": s.index, "ids": list(s.ids)} for s in group],
-                       "force": force},
+        lambda group: {"trajectories": trajectories_digest, "checkpoint": checkpoint, "model_digest": model_digest,
+                       "scope": scope, "config": asdict(config),
+                       "shards": [{"index": s.index, "ids": list(s.ids)} for s in group]},
         index=lambda s: s.index, size=lambda s: len(s.ids))
     run_on_pool(store, resources, work, todo, resources.pool_shards, log, force, on_progress)
 
@@ -145,12 +143,10 @@ def sample_on_pool(store: ArtifactStore, policy: Any, config: RLConfig, resource
     """Play the sample stage's chunks `todo` on the pool's workers, one child run each."""
     from tasks.chunks import chunk_committed
 
-    child_resources = asdict(replace(resources, pool=""))
     work = PoolWork(
         SAMPLE_FLOW, "sample", "chunks", lambda c: chunk_committed(store, scope, c) is not None,
-        lambda group: {"store": store.url, "policy": asdict(policy), "config": asdict(config),
-                       "resources": child_resources, "iteration": iteration, "scope": scope, "chunks": group,
-                       "force": force})
+        lambda group: {"policy": asdict(policy), "config": asdict(config), "iteration": iteration, "scope": scope,
+                       "chunks": group})
     run_on_pool(store, resources, work, todo, 1, log, force)
 
 
@@ -161,7 +157,6 @@ def run_on_pool(store: ArtifactStore, resources: Resources, work: PoolWork, todo
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
     from prefect.deployments import run_deployment
-    from prefect.states import Crashed
 
     name = deployment_name(resources.pool, work.flow)
     with get_client(sync_client=True) as client:
@@ -171,6 +166,7 @@ def run_on_pool(store: ArtifactStore, resources: Resources, work: PoolWork, todo
             raise ValueError(f"parameter 'resources.pool': no deployment {name!r} on the Prefect server "
                              f"({type(exc).__name__}); `race serve` deploys it, then start `race worker --pool "
                              f"{resources.pool} --device cuda:N` per device") from None
+    shared = {"store": store.url, "resources": asdict(replace(resources, pool="")), "force": force}
     groups = [_Group(todo[i:i + per_run]) for i in range(0, len(todo), max(per_run, 1))]
     for group in groups:
         group.size = sum(map(work.size, group.units))
@@ -187,7 +183,7 @@ def run_on_pool(store: ArtifactStore, resources: Resources, work: PoolWork, todo
                                f"times (last child run {group.run_id}: {group.state}); see that run's logs")
         span = f"{indices[0]}-{indices[-1]}" if len(indices) > 1 else f"{indices[0]}"
         run = run_deployment(name, timeout=0, flow_run_name=f"{work.what} {work.noun} {span}",
-                             parameters=work.parameters(group.units))
+                             parameters={**shared, **work.parameters(group.units)})
         group.run_id, group.heard_at, group.lease, group.state = run.id, time.monotonic(), None, "SCHEDULED"
         log(f"{work.what}: {work.noun} {span} submitted to pool {resources.pool!r} as flow run {run.id}"
             + (f" (attempt {group.attempts})" if group.attempts > 1 else ""))
@@ -203,7 +199,7 @@ def run_on_pool(store: ArtifactStore, resources: Resources, work: PoolWork, todo
                 flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[g.run_id for g in pending])))}
             ended = False
             for group in list(pending):
-                _watch(store, client, work, group, runs[group.run_id].state, resources, submit, force, log, Crashed)
+                _watch(store, client, work, group, runs[group.run_id].state, resources, submit, force, log)
                 if not group.units:
                     pending.remove(group)
                     ended = True
@@ -219,9 +215,11 @@ def run_on_pool(store: ArtifactStore, resources: Resources, work: PoolWork, todo
 
 
 def _watch(store: ArtifactStore, client: Any, work: PoolWork, group: _Group, state: Any, resources: Resources,
-           submit: Callable[[_Group], None], force: bool, log: Log, crashed: Callable[..., Any]) -> None:
+           submit: Callable[[_Group], None], force: bool, log: Log) -> None:
     """One look at a group's child run: resubmit what a failed, crashed or silent run left undone;
     read its lease (liveness, progress)."""
+    from prefect.states import Crashed
+
     group.state = f"{state.name}: {state.message}" if state.message else state.name
     if state.is_final():
         _forget_lease(store, group.run_id)
@@ -243,7 +241,7 @@ def _watch(store: ArtifactStore, client: Any, work: PoolWork, group: _Group, sta
             where = f" on {lease['host']} ({lease['device']})" if lease else ""
             log(f"{work.what}: child run {group.run_id}{where} silent for {silent} s: its worker is taken "
                 f"for dead; its {work.noun} go again")
-            client.set_flow_run_state(group.run_id, crashed(
+            client.set_flow_run_state(group.run_id, Crashed(
                 message=f"lease silent for {silent} s (race {work.what}): {work.noun} submitted again"), force=True)
             group.state = f"silent for {silent} s"
             _forget_lease(store, group.run_id)

@@ -382,7 +382,7 @@ def write_compressed(store: ArtifactStore, removals: Iterable[tuple[Trajectory, 
                      model_digest: str, epsilon: float) -> dict[str, Any]:
     """A `compressed` dataset of (original, turns whose reasoning is removed) pairs, rows keyed by the
     original's id, with its token counts -> the manifest fields {objects, metrics} of a stage."""
-    from race_core.decisions import reasoning_tokens
+    from race_core.decisions import reasoning_tokens, remove_reasoning
     from race_core.policy import load_tokenizer
     from race_core.render import Renderer
 
@@ -391,9 +391,7 @@ def write_compressed(store: ArtifactStore, removals: Iterable[tuple[Trajectory, 
     with _TempDataset(store, "compressed") as out:
         for original, turns in removals:
             skipped = sorted(turns)
-            compressed = original
-            for t in skipped:
-                compressed = compressed.without_reasoning(t)
+            compressed = remove_reasoning(original, skipped)
             tokens_before = reasoning_tokens(renderer, original)
             tokens_after = reasoning_tokens(renderer, compressed)
             before, after, removed = before + tokens_before, after + tokens_after, removed + len(skipped)

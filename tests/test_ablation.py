@@ -9,8 +9,9 @@ import json
 
 import pytest
 
-from race_core.ablation import ARMS, candidate_turns, derived_removal, remove_reasoning, removed_by_kind
+from race_core.ablation import ARMS, candidate_turns, derived_removal, removed_by_kind
 from race_core.cover import logic_cover
+from race_core.decisions import remove_reasoning
 from race_core.envs.expert import REDUNDANT, expert_dataset, reasoning_kind
 
 
