@@ -173,9 +173,9 @@ def run_on_pool(store: ArtifactStore, resources: Resources, work: PoolWork, todo
 
     def submit(group: _Group) -> None:
         group.units = [u for u in group.units if force or not work.done(u)]
-        group.figures = None
         if not group.units:
-            return
+            return  # done: its last figures stand for it
+        group.figures = None  # a new child run starts from nothing
         group.attempts += 1
         indices = [work.index(u) for u in group.units]
         if group.attempts > MAX_ATTEMPTS:
