@@ -535,6 +535,13 @@ class Renderer:
                                                  tool_result=bool(calls))
         return out
 
+    def assistant_end(self, tool_calls: bool = False) -> str:
+        """The text that closes an assistant message: of a turn with tool calls, the template's
+        (when it renders them), else the chat format's."""
+        if tool_calls and self.tool_mode == TOOLS_TEMPLATE:
+            return self._tool_wrappers.end
+        return self.wrappers.assistant_end
+
     def observation_segments(self, turn: int, observation: str, open_next: bool,
                              tool_result: bool = False) -> list[Segment]:
         """What follows turn `turn`'s assistant message: its observation as a user message (or,

@@ -5,17 +5,23 @@ For K tasks × G samples, every episode's token sequence is built INCREMENTALLY:
 wrapper/observation ids are appended after the generated ones. Past turns are never re-tokenized, so
 the context the sampler saw, the sequence the RL update scores and the old log-probs agree exactly.
 
+The policy plays with the prompt its tokenizer carries (`race_core.envs.calculator.AgentPrompt`:
+a system prompt, the calculator's tools, text or tool-call actions); the episode starts from
+`renderer.prompt_ids(question, [], system, tools)`.
+
 After each generation (stop token included):
   * the generated ids are kept as generated (token-out: what the policy wrote is what RL trains
-    on) and parsed by decoding: the text between `<think>` and `</think>` is the reasoning, the
-    text after `\\nAction: ` (up to the end-of-turn stop) is the action. A generation that does not
-    follow this format (no leading `<think>`, no `</think>`, no `\\nAction: ` after it, or no stop
-    before the token limit) is *malformed*: the env receives an empty action, which it answers as
-    invalid (still a turn of the budget). Each generated token takes the role of its last decoded
-    character, as the renderer tags rendered tokens; the stop token is END;
+    on) and parsed by decoding: the text between `<think>` and `</think>` is the reasoning; the
+    action is, with text actions, the text after `\\nAction: ` (up to the end-of-turn stop), with
+    tool-call actions the calls written after `</think>` in the template's format
+    (`parse_tool_calls`). A generation that does not follow this format (no leading `<think>`, no
+    `</think>`, no action after it, or no stop before the token limit) is *malformed*: the env
+    receives an empty action, which it answers as invalid (still a turn of the budget). Each
+    generated token takes the role of its last decoded character, as the renderer tags rendered
+    tokens; the stop token is END;
   * then the rest of the assistant message's closing wrapper (all of it after a length cut), the
-    observation and, unless the episode is over, the next assistant opening, tokenized by
-    `Renderer.tokenize` from the same segments `render.py` renders. The stop is an added token
+    observation (a tool result after a tool call) and, unless the episode is over, the next
+    assistant opening, tokenized by `Renderer.tokenize` from the same segments `render.py` renders. The stop is an added token
     where the chat format closes messages with one, and the renderer cuts right after added
     tokens, so for well-formed turns written in the tokenizer's own tokens the rollout's ids equal
     `renderer.render_turns(question, turns)` plus the prompt's opening.
@@ -47,9 +53,10 @@ from race_core.envs.calculator import (
     CalculatorTask,
     generate_tasks,
 )
-from race_core.render import ACTION_PREFIX, CLOSE_MARKER, OPEN_MARKER, Renderer, Role
+from race_core.envs.calculator.agent import TOOLS, AgentPrompt
+from race_core.render import ACTION_PREFIX, CLOSE_MARKER, OPEN_MARKER, TOOLS_TEMPLATE, Renderer, Role
 from race_core.sampling import Sample, Sampler, SamplingParams
-from race_core.schema import SchemaError, Trajectory, Turn
+from race_core.schema import Action, SchemaError, ToolCall, Trajectory, Turn
 
 ROLLOUT_SOURCE_REVISION = f"on-policy-env-r{ENV_REVISION}"
 ROLLOUT_FORMAT = "race.rollouts/v1"
@@ -62,7 +69,7 @@ class ParsedGeneration:
     """One generated assistant turn: its reasoning/action text, format verdict, per-token roles."""
 
     reasoning: str
-    action: str
+    action: Action  # text, or the tool calls written ("" when malformed)
     well_formed: bool
     roles: tuple[int, ...]  # one per generated token (stop included)
 
@@ -88,6 +95,8 @@ class Rollout:
     success: bool = False
     reward: float = 0.0
     finished: bool = False
+    system: str = ""  # the system prompt the policy played with
+    tools: list[dict] = field(default_factory=list)  # the tools given to its chat template
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {
@@ -114,7 +123,7 @@ class Rollout:
             return None
         record = {"question": self.question, "environment": ENVIRONMENT_NAME, "source_revision": source_revision,
                   "split": "train", "successful": True, "turns": [t.to_dict() for t in self.turns],
-                  "task_id": self.task_id}
+                  "task_id": self.task_id, "system": self.system, "tools": list(self.tools)}
         try:
             return Trajectory.from_dict(record)
         except SchemaError:
@@ -131,12 +140,52 @@ def _char_ends(tokenizer, ids: Sequence[int]) -> list[int]:
     return ends
 
 
-def parse_generation(renderer: Renderer, token_ids: Sequence[int], stopped: bool) -> ParsedGeneration:
+def parse_tool_calls(text: str) -> tuple[ToolCall, ...]:
+    """The tool calls written in `text`, in the formats chat templates use: every JSON object with a
+    string `name` and an object `arguments` (or `parameters`), alone or in a JSON list, wherever it
+    stands (Hermes `<tool_call>` blocks, Llama-3 JSON, Mistral `[TOOL_CALLS] [...]`). Arguments
+    written as a JSON string of an object are decoded once."""
+    decoder = json.JSONDecoder()
+    calls: list[ToolCall] = []
+    at = 0
+    while (at := _next_json(text, at)) >= 0:
+        try:
+            value, end = decoder.raw_decode(text, at)
+        except ValueError:
+            at += 1
+            continue
+        for item in value if isinstance(value, list) else [value]:
+            if call := _as_call(item):
+                calls.append(call)
+        at = end
+    return tuple(calls)
+
+
+def _next_json(text: str, start: int) -> int:
+    found = [i for i in (text.find("{", start), text.find("[", start)) if i >= 0]
+    return min(found) if found else -1
+
+
+def _as_call(item) -> ToolCall | None:
+    if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not item["name"]:
+        return None
+    arguments = item.get("arguments", item.get("parameters"))
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return None
+    return ToolCall(item["name"], arguments) if isinstance(arguments, dict) else None
+
+
+def parse_generation(renderer: Renderer, token_ids: Sequence[int], stopped: bool, actions: str = "text"
+                     ) -> ParsedGeneration:
     """Split one generated turn into reasoning / action and tag each token with its role.
 
-    `stopped` says the last token is the end-of-turn stop (the sampler's finish_reason "stop").
-    Roles come from the decoded text, as the renderer gives them: each token takes the role of its
-    last character."""
+    `stopped` says the last token is the end-of-turn stop (the sampler's finish_reason "stop");
+    `actions` is the agent's form of actions (`text`, or `tools`: calls in the template's format,
+    whose leading whitespace is the action prefix, as the renderer renders calls). Roles come from
+    the decoded text, as the renderer gives them: each token takes the role of its last character."""
     tokenizer = renderer.tokenizer
     body = list(token_ids[:-1] if stopped else token_ids)
     text = tokenizer.decode(body, skip_special_tokens=False)
@@ -149,7 +198,15 @@ def parse_generation(renderer: Renderer, token_ids: Sequence[int], stopped: bool
             after = close_at + len(CLOSE_MARKER)
             bounds += [(close_at, Role.CLOSE), (after, Role.ACTION)]
             reasoning = text[len(OPEN_MARKER):close_at]
-            if text.startswith(ACTION_PREFIX, after):
+            if actions == TOOLS:
+                rest = text[after:]
+                lead = len(rest) - len(rest.lstrip())
+                if lead:
+                    bounds[-1:] = [(after, Role.ACTION_PREFIX), (after + lead, Role.ACTION)]
+                calls = parse_tool_calls(rest)
+                if stopped and calls:
+                    action, well_formed = calls, True
+            elif text.startswith(ACTION_PREFIX, after):
                 bounds[-1:] = [(after, Role.ACTION_PREFIX), (after + len(ACTION_PREFIX), Role.ACTION)]
                 if stopped:
                     action, well_formed = text[after + len(ACTION_PREFIX):], True
@@ -163,13 +220,15 @@ def parse_generation(renderer: Renderer, token_ids: Sequence[int], stopped: bool
 class _Episode:
     """The state of one running episode: its env and the rollout being built."""
 
-    def __init__(self, renderer: Renderer, task: CalculatorTask, group: int, sample_index: int, max_turns: int):
+    def __init__(self, renderer: Renderer, task: CalculatorTask, group: int, sample_index: int, max_turns: int,
+                 agent: AgentPrompt):
         self.renderer = renderer
+        self.agent = agent
         self.env = CalculatorEnv(task, max_turns)
         question = self.env.reset()
-        prompt = renderer.prompt_ids(question, [])
+        prompt = renderer.prompt_ids(question, [], system=agent.system, tools=agent.tools)
         self.rollout = Rollout(task_id=task.task_id, group=group, sample_index=sample_index, question=question,
-                               prompt_length=len(prompt))
+                               prompt_length=len(prompt), system=agent.system, tools=list(agent.tools))
         self._append(prompt, -1, Role.CONTEXT)
 
     def _append(self, ids: Sequence[int], turn: int | Sequence[int], role: Role | Sequence[int],
@@ -192,17 +251,19 @@ class _Episode:
         renderer, r = self.renderer, self.rollout
         turn = len(r.turns)
         stopped = sample.finish_reason == "stop" and len(sample.token_ids) > 0
-        parsed = parse_generation(renderer, sample.token_ids, stopped)
+        parsed = parse_generation(renderer, sample.token_ids, stopped, self.agent.actions)
         self._append(sample.token_ids, turn, parsed.roles, policy=True, logprobs=sample.logprobs)
         result = self.env.step(parsed.action if parsed.well_formed else "")
         r.turns.append(Turn(reasoning=parsed.reasoning, action=parsed.action, observation=result.observation))
         r.well_formed.append(parsed.well_formed)
-        closing = renderer.wrappers.assistant_end
+        called = not isinstance(parsed.action, str) and renderer.tool_mode == TOOLS_TEMPLATE
+        closing = renderer.assistant_end(tool_calls=called)
         if stopped:  # the stop token opened the closing wrapper: only its rest follows
             stop_text = renderer.tokenizer.decode(sample.token_ids[-1:], skip_special_tokens=False)
             closing = closing[len(stop_text):] if closing.startswith(stop_text) else closing
         tokens = renderer.tokenize([(closing, turn, Role.END),
-                                    *renderer.observation_segments(turn, result.observation, not result.done)])
+                                    *renderer.observation_segments(turn, result.observation, not result.done,
+                                                                   tool_result=called)])
         self._append(tokens.ids, tokens.turns, tokens.roles)
         if result.done:
             r.success, r.reward, r.finished = self.env.success, self.env.reward, self.env.finished
@@ -216,12 +277,15 @@ def run_rollouts(
     params: SamplingParams | None = None,
     max_turns: int = DEFAULT_MAX_TURNS,
     first_group: int = 0,
+    agent: AgentPrompt | None = None,
 ) -> list[Rollout]:
     """Play `group_size` episodes of every task; one sampler call per step over all unfinished
     episodes. Rollouts come back task-major: tasks[0] sample 0..G-1, tasks[1] ..., with `group`
-    = `first_group` + the task's index."""
+    = `first_group` + the task's index. `agent`: the prompt to play with (default: the one the
+    renderer's tokenizer carries, `AgentPrompt.of`)."""
     params = params or SamplingParams()
-    episodes = [_Episode(renderer, task, first_group + k, g, max_turns)
+    agent = agent or AgentPrompt.of(renderer.tokenizer)
+    episodes = [_Episode(renderer, task, first_group + k, g, max_turns, agent)
                 for k, task in enumerate(tasks) for g in range(group_size)]
     step = 0
     while active := [e for e in episodes if not e.done]:

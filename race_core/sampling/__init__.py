@@ -34,10 +34,15 @@ class Sample:
 
 
 def stop_token_ids(tokenizer, renderer: Renderer) -> tuple[int, ...]:
-    """Tokens that end an assistant turn: the first token of the turn's closing wrapper, and EOS."""
+    """Tokens that end an assistant turn: the first token of the turn's closing wrapper (and of a
+    tool-call turn's, for a policy that acts by tool calls), and EOS."""
+    from race_core.envs.calculator.agent import TOOLS, AgentPrompt
+
     stops = []
     if renderer.end_ids:
         stops.append(renderer.end_ids[0])
+    if AgentPrompt.of(tokenizer).actions == TOOLS and (tool_end := renderer.encode(renderer.assistant_end(True))):
+        stops.append(tool_end[0])
     if tokenizer.eos_token_id is not None:
         stops.append(tokenizer.eos_token_id)
     return tuple(dict.fromkeys(stops))

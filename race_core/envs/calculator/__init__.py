@@ -1,15 +1,24 @@
 """Bounded calculator environment (DESIGN §6); public surface (DESIGN §11).
 
-Three parts, each usable on its own:
+Four parts, each usable on its own:
 
 1. `evaluator`: the safe expression parser and exact evaluator (no eval/exec), with its limits.
 2. `tasks`: the seeded task generator, the train/held-out split and the private `judge`.
 3. `environment`: `CalculatorEnv` (reset/step, used step by step by samplers), action parsing,
    and `run_episode` + `Episode` for simple drivers.
+4. `agent`: how a chat model is told to play: `AgentPrompt` (system prompt, `CALCULATOR_TOOLS`, text
+   or tool-call actions), carried by a policy's tokenizer.
 
 Every public name is re-exported here, so `from race_core.envs.calculator import X` works for all.
 """
 
+from race_core.envs.calculator.agent import (
+    BARE,
+    CALCULATOR_TOOLS,
+    AgentPrompt,
+    action_as_text,
+    text_to_call,
+)
 from race_core.envs.calculator.environment import (
     DEFAULT_MAX_TURNS,
     ENV_REVISION,
@@ -53,6 +62,11 @@ from race_core.envs.calculator.tasks import (
 )
 
 __all__ = [
+    "AgentPrompt",
+    "BARE",
+    "CALCULATOR_TOOLS",
+    "action_as_text",
+    "text_to_call",
     "BinOp",
     "CalculatorEnv",
     "CalculatorTask",

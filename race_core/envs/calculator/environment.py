@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from race_core.envs.calculator.agent import _bracketed, action_as_text
 from race_core.envs.calculator.evaluator import evaluate
 from race_core.envs.calculator.tasks import CalculatorTask, judge
-from race_core.schema import Trajectory, Turn
+from race_core.schema import Action, Trajectory, Turn
 
 ENVIRONMENT_NAME = "bounded-calculator-v1"
 ENV_REVISION = "1"
@@ -28,20 +29,13 @@ class StepResult:
     done: bool
 
 
-def _bracketed(action: str, name: str) -> str | None:
-    """The text inside `name[...]`, or None when the action is not exactly that shape."""
-    prefix = name + "["
-    if action.startswith(prefix) and action.endswith("]"):
-        return action[len(prefix) : -1]
-    return None
-
-
 class CalculatorEnv:
     """One episode on one task. Each `step` uses one turn of the budget, whatever the action.
 
     `calc[<expr>]` observes the value or an error text; `finish[<number>]` ends the episode
     (judged privately; a finish that is not a number is a wrong answer); anything else observes
-    INVALID_ACTION_OBSERVATION. When the budget is used up the episode ends unsuccessfully.
+    INVALID_ACTION_OBSERVATION. A tool-call action is run as its text (`agent.action_as_text`: one
+    call of calc or finish). When the budget is used up the episode ends unsuccessfully.
     """
 
     def __init__(self, task: CalculatorTask, max_turns: int = DEFAULT_MAX_TURNS):
@@ -63,12 +57,12 @@ class CalculatorEnv:
     def reward(self) -> float:
         return 1.0 if self.success else 0.0
 
-    def step(self, action: str) -> StepResult:
+    def step(self, action: Action) -> StepResult:
         """Apply one action. Never raises for any text; raises RuntimeError once the episode is over."""
         if self.done:
             raise RuntimeError("the episode is over; call reset() to start again")
         self.turns_used += 1
-        text = action.strip() if isinstance(action, str) else ""
+        text = action_as_text(action).strip() if isinstance(action, str | tuple) else ""
         expression = _bracketed(text, "calc")
         number = _bracketed(text, "finish")
         if expression is not None:
