@@ -11,6 +11,7 @@ race worker --pool P --device D    a worker of the pool (cover shards, sample ch
 race gc [--delete]                 list (or remove) unreferenced objects and litter older than --grace-hours
 race bench scoring [--json FILE]   scoring benchmark: naive vs full-forward vs ours vs the work bound
 race model smollm2                 build SmolLM2-135M-Instruct offline into a local checkpoint folder
+race bootstrap --checkpoint DIR --out DIR2   train any chat checkpoint to play the calculator in its own format
 race import --format F --input ... --out FILE.jsonl   agent logs (openai, sharegpt, swe-agent, react) -> trajectories
 
 Every `race run` / `race cover` / `race demo` / `race serve` setting is a field of the configs in
@@ -114,11 +115,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_gc)
 
     from bench.cli import add_bench_parser
+    from flows.bootstrap_cli import add_bootstrap_parser
     from flows.import_cli import add_import_parser
     from flows.models_cli import add_model_parser
     from flows.worker_cli import add_worker_parser
 
     add_bench_parser(sub)
+    add_bootstrap_parser(sub)
     add_model_parser(sub)
     add_import_parser(sub)
     add_worker_parser(sub)
@@ -138,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         from storage.store import CorruptObjectError  # the store's errors (imported here: pyarrow is slow)
 
-        if not isinstance(exc, (FileNotFoundError, ValueError, ImportError, LookupError, CorruptObjectError)):
+        if not isinstance(exc, (FileNotFoundError, FileExistsError, ValueError, ImportError, LookupError,
+                                CorruptObjectError)):
             raise
         print(f"race {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,173 @@
+"""Any chat checkpoint into a calculator policy (`race bootstrap --checkpoint DIR --out DIR2`).
+
+The checkpoint is given the calculator in its own chat format (`AgentPrompt.for_renderer`: the
+tools through its template where the template renders tool calls, else a system message and text
+actions), the prompt is recorded in its tokenizer (so sampling, evaluation and training later give
+the policy the same prompt), and it is trained until it plays, by one of two recipes:
+
+- `expert-sft`: SFT on the scripted expert's episodes (`race_core.envs.expert`; the kinds expert by
+  default, whose reasoning can carry a result to a later turn), dressed in the model's format
+  (system prompt, tools, tool calls where it takes them) and rendered with its tokenizer's own ids.
+- `expert-iteration`: rounds of sampling the current policy on training tasks, keeping the
+  episodes the environment's private judge accepts (well-formed ones), and SFT of the policy on
+  them; the model's own episodes are its only data. A round that keeps nothing leaves the policy
+  as it is (and the report says so).
+
+Either way the policy is then measured as the method's card measures it: fresh on-policy episodes
+at temperature 1 on training tasks that no recipe round drew (`check_*`), success judged privately.
+Expert data is bootstrap data only: RACE compresses the policy's own successful episodes, never these.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from race_core.config import SFTConfig
+from race_core.envs.calculator import AgentPrompt, generate_tasks
+from race_core.render import Renderer
+from race_core.rollout import Rollout, play_episodes
+from race_core.sampling import SamplingParams
+
+RECIPES = ("expert-sft", "expert-iteration")
+REPORT_FILE = "race_bootstrap.json"
+_CHECK_SEED_OFFSET = 7_777_777  # the check's tasks: a training seed no recipe round uses
+
+Log = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class AgentBootstrapConfig:
+    """How a chat checkpoint is trained to play the calculator (`race bootstrap`)."""
+
+    recipe: str = "expert-sft"  # expert-sft (scripted expert's episodes) or expert-iteration (its own)
+    shape: str = "two-part"  # task shape: two-part (a result can be carried across turns) or random
+    difficulty: int | None = None  # operations per random-shape task (None: 1-3 at random)
+    reasoning_kinds: bool = True  # expert-sft: the kinds expert (reasoning that can matter later)
+    expert_tasks: int = 384  # expert-sft: expert episodes
+    expert_seed: int = 0  # expert-sft: which training tasks
+    empty_reasoning_share: float = 0.3  # expert-sft: share of later turns without reasoning
+    rounds: int = 3  # expert-iteration: sample -> keep -> SFT rounds
+    round_tasks: int = 64  # expert-iteration: training tasks sampled per round
+    round_samples: int = 4  # expert-iteration: episodes per task and round
+    temperature: float = 1.0  # expert-iteration and the check: sampling temperature
+    max_new_tokens: int = 96  # tokens per assistant turn
+    max_turns: int = 8  # turn budget of an episode
+    check_tasks: int = 16  # fresh training tasks played at the end (the card: 64 episodes)
+    check_samples: int = 4  # episodes per check task
+    seed: int = 0  # sampling seeds
+    sft: SFTConfig = field(default_factory=lambda: SFTConfig(
+        lr=1e-4, epochs=1, batch_size=8, warmup_steps=10, min_lr_ratio=0.1, max_length=1024, seed=0))
+
+    def __post_init__(self) -> None:
+        if self.recipe not in RECIPES:
+            raise ValueError(f"parameter 'recipe': {self.recipe!r} is not one of {RECIPES}")
+
+
+@dataclass
+class AgentBootstrapReport:
+    """What a bootstrap did and reached (written as `race_bootstrap.json` beside the checkpoint)."""
+
+    recipe: str
+    agent: dict[str, Any]  # the prompt recorded in the tokenizer
+    rounds: list[dict[str, Any]]  # per SFT run: its data, steps, first / last loss (and sampled figures)
+    check: dict[str, Any]  # fresh on-policy episodes: played, succeeded, well-formed turns
+    wall_seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def dress_expert_trajectories(config: AgentBootstrapConfig, agent: AgentPrompt):
+    """The scripted expert's successful episodes in the agent's format."""
+    from race_core.envs.expert import expert_dataset
+
+    trajectories = expert_dataset(config.expert_tasks, config.expert_seed, config.difficulty,
+                                  empty_reasoning_share=config.empty_reasoning_share,
+                                  reasoning_kinds=config.reasoning_kinds, shape=config.shape)
+    return [agent.dress(t) for t in trajectories]
+
+
+def _episode_figures(rollouts: list[Rollout]) -> dict[str, Any]:
+    turns = sum(len(r.turns) for r in rollouts)
+    return {"episodes": len(rollouts), "succeeded": sum(r.success for r in rollouts),
+            "success_rate": sum(r.success for r in rollouts) / max(len(rollouts), 1),
+            "well_formed_turns": sum(sum(r.well_formed) for r in rollouts), "turns": turns,
+            "reasoning_tokens_per_episode": sum(r.reasoning_token_count() for r in rollouts) / max(len(rollouts), 1)}
+
+
+def play(model, tokenizer, tasks, samples: int, config: AgentBootstrapConfig, seed: int) -> list[Rollout]:
+    params = SamplingParams(temperature=config.temperature, max_new_tokens=config.max_new_tokens, seed=seed)
+    return play_episodes(model, tokenizer, tasks, samples, params, config.max_turns)
+
+
+def bootstrap_agent(model, tokenizer, config: AgentBootstrapConfig = AgentBootstrapConfig(), log: Log = _quiet
+                    ) -> AgentBootstrapReport:
+    """Train `model` (in place) to play the calculator by `config.recipe`; the tokenizer gets the
+    agent prompt. Returns what was trained on and the fresh on-policy check."""
+    from race_core.train.sft import train_sft
+
+    started = time.perf_counter()
+    agent = AgentPrompt.for_renderer(Renderer(tokenizer))
+    agent.attach(tokenizer)
+    log(f"bootstrap: {config.recipe}; actions as {agent.actions} "
+        f"({'the template renders tool calls' if agent.actions == 'tools' else 'described in the system message'})")
+
+    def sft(trajectories, label: str) -> dict[str, Any]:
+        every = 10
+
+        def progress(step: int, total: int, loss: float) -> None:
+            if step == 1 or step % every == 0 or step == total:
+                log(f"bootstrap {label}: sft step {step}/{total} loss {loss:.4f}")
+
+        report = train_sft(model, tokenizer, trajectories, config.sft, progress=progress)
+        return {"trajectories": len(trajectories), "steps": report.steps, "first_loss": report.first_loss,
+                "last_loss": report.last_loss, "target_tokens": report.target_tokens}
+
+    rounds: list[dict[str, Any]] = []
+    if config.recipe == "expert-sft":
+        rounds.append({"data": "expert", **sft(dress_expert_trajectories(config, agent), "expert-sft")})
+    else:
+        for k in range(config.rounds):
+            seed = config.seed + 1000 * (k + 1)
+            tasks = generate_tasks(config.round_tasks, seed, config.difficulty, split="train", shape=config.shape)
+            rollouts = play(model, tokenizer, tasks, config.round_samples, config, seed)
+            kept = list({t.id: t for r in rollouts if (t := r.to_trajectory()) is not None}.values())
+            figures = _episode_figures(rollouts)
+            log(f"bootstrap round {k + 1}/{config.rounds}: {figures['succeeded']}/{figures['episodes']} episodes "
+                f"succeeded, {len(kept)} kept")
+            entry = {"data": "own", "round": k + 1, "sampled": figures, "trajectories": len(kept)}
+            if kept:
+                entry.update(sft(kept, f"round {k + 1}"))
+            rounds.append(entry)
+    check_tasks = generate_tasks(config.check_tasks, config.seed + _CHECK_SEED_OFFSET, config.difficulty,
+                                 split="train", shape=config.shape)
+    check = _episode_figures(play(model, tokenizer, check_tasks, config.check_samples, config,
+                                  config.seed + _CHECK_SEED_OFFSET))
+    log(f"bootstrap check: {check['succeeded']} of {check['episodes']} fresh on-policy episodes succeeded")
+    return AgentBootstrapReport(recipe=config.recipe, agent={"system": agent.system, "tools": list(agent.tools),
+                                                             "actions": agent.actions},
+                                rounds=rounds, check=check, wall_seconds=round(time.perf_counter() - started, 1))
+
+
+def bootstrap_checkpoint(checkpoint: str | Path, out_dir: str | Path,
+                         config: AgentBootstrapConfig = AgentBootstrapConfig(), *, device: str = "cpu",
+                         dtype: str = "float32", log: Log = _quiet) -> AgentBootstrapReport:
+    """Load a local chat checkpoint, bootstrap it (`bootstrap_agent`) and save the policy to `out_dir`
+    (a `save_pretrained` folder whose tokenizer carries the agent prompt), with `race_bootstrap.json`."""
+    from race_core.policy import load_policy, save_policy
+
+    model, tokenizer = load_policy(checkpoint, device=device, dtype=dtype)
+    report = bootstrap_agent(model, tokenizer, config, log)
+    out = save_policy(model, tokenizer, out_dir)
+    (out / REPORT_FILE).write_text(json.dumps({"source": str(checkpoint), "config": asdict(config),
+                                               **report.to_dict()}, indent=1, default=str) + "\n")
+    return report
