@@ -30,6 +30,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 # Nothing but the page itself: inline scripts and styles, images from data: URIs.
@@ -106,9 +107,9 @@ def _largest_drops(decisions: Iterable[pd.DataFrame]) -> pd.Series:
     frames = [d[["trajectory_id", "max_drop"]] for d in decisions if len(d)]
     if not frames:
         return pd.Series(dtype=float)
-    both = pd.concat(frames)
-    both = both[both["max_drop"].map(lambda x: _finite(x) is not None)]
-    return both.groupby("trajectory_id")["max_drop"].max()
+    both = pd.concat(frames, ignore_index=True)
+    finite = both[np.isfinite(both["max_drop"].astype(float).to_numpy())]  # None (not scored) is NaN
+    return finite.groupby("trajectory_id")["max_drop"].max()
 
 
 def _trajectory(row: Mapping[str, Any], limits: SampleLimits) -> dict[str, Any]:
@@ -133,7 +134,8 @@ def explorer_data(decisions: Mapping[str, pd.DataFrame], trajectories: Iterable[
     if rejects is None:
         rejects = pd.DataFrame(columns=["file", "line", "code", "field", "message", "trajectory_id"])
     refused_ids = rejects["trajectory_id"].notna() & (rejects["trajectory_id"].astype(str) != "")
-    too_long = {r.trajectory_id: r.message for r in rejects[refused_ids].itertuples()}
+    too_long = {r.trajectory_id: _cut(r.message, limits.text_chars) or "too_long"
+                for r in rejects[refused_ids].itertuples()}
     lines = rejects[~refused_ids]
     largest = _largest_drops(decisions.values()).sort_values(ascending=False, kind="stable")
     by_drop = list(largest.index[: limits.largest])
@@ -142,12 +144,14 @@ def explorer_data(decisions: Mapping[str, pd.DataFrame], trajectories: Iterable[
         trajectories = ({"id": tid, "question": "", "turns": []}
                         for tid in dict.fromkeys([*_decided_ids(decisions), *too_long]))
     wanted = set(by_drop) | set(refused_first)
-    order: dict[str, int] = {}
+    order: dict[str, int] = {}  # of the trajectories kept as candidates for the page only
     kept: dict[str, dict[str, Any]] = {}
     first: list[str] = []
+    total = 0
     for index, row in enumerate(trajectories):
-        order[row["id"]] = index
+        total += 1
         if index < limits.first or row["id"] in wanted:
+            order[row["id"]] = index
             kept[row["id"]] = _trajectory(row, limits)
             if index < limits.first:
                 first.append(row["id"])
@@ -169,7 +173,7 @@ def explorer_data(decisions: Mapping[str, pd.DataFrame], trajectories: Iterable[
         "rejected": [{"file": _text(r.file), "line": int(r.line), "code": _text(r.code), "field": _text(r.field),
                       "message": _cut(r.message, limits.text_chars)}
                      for r in lines.head(limits.rejected).itertuples()],
-        "counts": {"trajectories": len(order), "shown": len(entries), "left_out": len(order) - len(entries),
+        "counts": {"trajectories": total, "shown": len(entries), "left_out": total - len(entries),
                    "largest": len([t for t in by_drop if t in ids]), "too_long": len(too_long),
                    "rejected": len(lines), "rejected_shown": min(len(lines), limits.rejected),
                    "with_text": any(entry["turns"] for entry in entries)},

@@ -268,7 +268,7 @@ def test_the_pipeline_report_links_its_page_in_the_store(prefect_harness, sweep,
         return report_task(str(store), summary, str(tmp_path / "report"), LOW)
 
     written = report_flow()
-    link = Artifact.get("race-report-html")
+    link = Artifact.get("race-report-html", _sync=True)  # the browser tests' Playwright loop may be running
     assert link.type == "markdown" and f"]({written['stored_html']})" in link.data
     stored = Path(urlparse(written["stored_html"]).path)
     assert stored.is_relative_to(store / "reports") and stored.name == "report.html"
