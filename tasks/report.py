@@ -1,7 +1,9 @@
-"""The run report: `summary.json`, `report.md` and PNG plots, written into one folder.
+"""The run report: `summary.json`, `report.md`, PNG plots and `report.html`, written into one folder.
 
 Plots: reasoning tokens per episode and success rate by stage (before / after SFT / after RL),
 deletion rate by turn index, and the distribution of the cover's likelihood drops against ε.
+`report.html` (`tasks.report_html`) is the same report as one self-contained page, with the
+decisions explorer over the run's trajectories; `store_report` puts it in the artifact store.
 """
 
 from __future__ import annotations
@@ -11,6 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
+from storage.store import ArtifactStore, sha256_bytes
+from tasks.report_html import write_run_page
 
 EVAL_STAGES = ("before", "after_sft_none", "after_sft", "after_rl")
 STAGE_NAMES = {"before": "before", "after_sft_none": "after SFT, no removal", "after_sft": "after SFT, RACE",
@@ -89,8 +94,9 @@ def plot_likelihood_drops(decisions: pd.DataFrame, epsilon: float, path: Path) -
 
 
 def write_report(out_dir: str | Path, summary: dict[str, Any], decisions: pd.DataFrame | None = None,
-                 epsilon: float | None = None) -> dict[str, Path]:
-    """Write summary.json, report.md and the plots; return the paths written."""
+                 epsilon: float | None = None, store: ArtifactStore | None = None) -> dict[str, Path]:
+    """Write summary.json, report.md, the plots and report.html; return the paths written. `store`:
+    where the page reads the trajectories' text and the rejects that the summary's objects name."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = {}
@@ -104,9 +110,20 @@ def write_report(out_dir: str | Path, summary: dict[str, Any], decisions: pd.Dat
         plots["deletion_rate_by_turn"] = plot_deletion_rate_by_turn(decisions, out / "deletion_rate_by_turn.png")
         plots["likelihood_drops"] = plot_likelihood_drops(decisions, eps, out / "likelihood_drops.png")
     written.update({k: v for k, v in plots.items() if v is not None})
-    (out / "report.md").write_text(render_markdown(summary, {k: v.name for k, v in written.items() if k != "summary"}))
+    markdown = render_markdown(summary, {k: v.name for k, v in written.items() if k != "summary"})
+    (out / "report.md").write_text(markdown)
     written["report"] = out / "report.md"
+    written["html"] = write_run_page(out / "report.html", summary, markdown, decisions, epsilon, store)
     return written
+
+
+def store_report(store: ArtifactStore, html: Path) -> str:
+    """Put `report.html` in the store at `reports/<its sha256>/report.html` (a name a browser opens
+    as a page, which an extension-less object is not); return that path as a URL."""
+    data = html.read_bytes()
+    path = store._path("reports", sha256_bytes(data), "report.html")
+    store._write_bytes_atomic(path, data)  # whole or not at all, as the store writes its records
+    return store.fs.unstrip_protocol(path)
 
 
 def render_markdown(summary: dict[str, Any], images: dict[str, str]) -> str:
@@ -122,7 +139,12 @@ def render_markdown(summary: dict[str, Any], images: dict[str, str]) -> str:
                   f"- trajectories ingested: {summary.get('trajectories', {}).get('ingested')}, "
                   f"rejected lines: {summary.get('trajectories', {}).get('rejected')}",
                   f"- candidate turns scored: {cover.get('candidates')}, reasoning removed in: {cover.get('removed')}",
-                  f"- reasoning tokens: {before} -> {after} ({cut:.1f}% fewer)", ""]
+                  f"- reasoning tokens: {before} -> {after} ({cut:.1f}% fewer)"]
+        if cover.get("render_mode"):
+            noise = cover.get("scorer_noise")
+            lines.append(f"- render mode: `{cover['render_mode']}`; scorer noise: "
+                         + (f"{noise:.1e}" if noise is not None else "not measured (scores came from the store)"))
+        lines.append("")
     evals = summary.get("eval", {})
     if evals:
         lines += ["## Held-out evaluation", "", "| stage | success rate | reasoning tokens / episode |",

@@ -24,6 +24,7 @@ def summarize(manifests: dict[str, dict[str, Any]], run_info: dict[str, Any] | N
         summary["trajectories"] = {"ingested": metrics["ingested"], "rejected": metrics["rejected"] + too_long,
                                    "too_long": too_long}
         summary["objects"]["rejects"] = m["ingest"]["objects"]["rejects"]
+        summary["objects"]["trajectories"] = m["ingest"]["objects"]["trajectories"]  # the report's texts
     if "cover" in m:
         summary["objects"]["decisions"] = m["cover"]["objects"]["decisions"]
         if m["cover"]["objects"].get("rejects"):

@@ -8,8 +8,10 @@ already scored is not scored again.
 
 Out folder: `eps-<ε>/` per ε with the files `race cover` writes (decisions, compressed, rejects),
 and `epsilon_sweep.json`, `epsilon_sweep.md` (one row per ε: candidates, removed, removal share,
-reasoning tokens before / kept, the quantiles of the candidates' largest drop max_j d_j) and
-`epsilon_sweep.png` (removal share and reasoning kept against ε; the drops' distribution).
+reasoning tokens before / kept, the quantiles of the candidates' largest drop max_j d_j),
+`epsilon_sweep.png` (removal share and reasoning kept against ε; the drops' distribution) and
+`report.html` (the table and plot, and an explorer that shows each ε's decisions on the same
+trajectories).
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ import pandas as pd
 from race_core.config import PipelineConfig, replace
 from race_core.scoring import Scorer, ScorerStats
 from race_core.scoring.cache import CachingScorer, ScoreMemory
+from storage.parquet import read_dataset
 from tasks.local import run_cover, with_defaults
 from tasks.report import _pyplot
+from tasks.report_html import write_sweep_page
 from tasks.stages import cover_scorer
 
 DROP_QUANTILES = (0.1, 0.5, 0.9)
@@ -117,12 +121,18 @@ def sweep_row(epsilon: float, summary: dict[str, Any], decisions: pd.DataFrame) 
 
 
 def write_sweep(out_dir: Path, result: dict[str, Any]) -> dict[str, Path]:
+    """The sweep's JSON, table, plot and `report.html` (the table, and each ε's decisions on the same
+    trajectories, one ε at a time: `tasks.report_html`) in `out_dir`, beside the `eps-<ε>/` folders."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": out_dir / "epsilon_sweep.json", "markdown": out_dir / "epsilon_sweep.md",
              "plot": out_dir / "epsilon_sweep.png"}
     paths["json"].write_text(json.dumps(result, indent=2) + "\n")
-    paths["markdown"].write_text(sweep_markdown(result) + f"\n\n![epsilon sweep]({paths['plot'].name})\n")
+    markdown = sweep_markdown(result) + f"\n\n![epsilon sweep]({paths['plot'].name})\n"
+    paths["markdown"].write_text(markdown)
     plot_sweep(result["rows"], paths["plot"])
+    decisions = {repr(e): read_dataset("decisions", out_dir / epsilon_folder(e) / "decisions.parquet")
+                 for e in result["epsilons"]}
+    paths["html"] = write_sweep_page(out_dir / "report.html", markdown, decisions, result["runs"])
     return paths
 
 

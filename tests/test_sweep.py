@@ -134,7 +134,8 @@ def test_one_epsilon_is_the_plain_cover_and_reuses_the_sweeps_stored_decisions(s
     summary = json.loads(capsys.readouterr().out)
     assert all(stage["cached"] for stage in summary["stages"].values())  # the sweep stored this ε's key
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
-        "compressed.parquet", "decisions.parquet", "rejects.parquet"]
+        "compressed.parquet", "decisions.parquet", "deletion_rate_by_turn.png", "likelihood_drops.png",
+        "rejects.parquet", "report.html", "report.md", "summary.json"]
     swept = pd.read_parquet(root / "out" / epsilon_folder(0.001) / "decisions.parquet")
     assert pd.read_parquet(tmp_path / "out" / "decisions.parquet").equals(swept)
 
