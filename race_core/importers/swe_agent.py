@@ -1,34 +1,53 @@
 """SWE-agent trajectories: one `.traj` JSON document per run, `{"trajectory": [...], "history": [...],
-"info": {...}}` (0.x and 1.x).
+"info": {...}, "replay_config": ...}` (0.x and 1.x).
 
 - `trajectory` steps `{"thought", "action", "observation", ...}`: one turn each; the action is the
-  shell or editor command as text.
+  shell or editor command as text. A run made with function calling keeps the model's real call:
+  the history's assistant entry of the step (`message_type` "action", the same thought and
+  action) holds its `tool_calls`, and the turn's action is those calls (`{"name": "bash",
+  "arguments": {"command": ...}}`, call ids kept); `thinking_blocks` there join the reasoning.
 - `history`: the first system message is the system prompt, the first user message (the problem
   statement with its instructions) the question. Demonstrations (`is_demo`, or `message_type`
   "demonstration") are examples the agent was shown, not this run: they are passed over.
 - Success: `info.exit_status` exactly "submitted" (the agent submitted on its own; "submitted
   (exit_cost)" and the like were submitted for it when a limit ran out).
-- The instance id (the file's name, `<instance_id>.traj`) and the exit status are kept in `extra`.
+- `extra`: the instance id (the file's name, `<instance_id>.traj`), and everything the contract has
+  no field for: `exit_status`, `submission` (the patch), `model_stats`, the rest of `info` (under
+  `info`), the tool config (`replay_config.agent.tools`, under `tool_config`), `replay_config` as
+  given, and each step's other fields (`response`, `state`, `execution_time`, ...) under `steps`.
+  A step's `query` / `messages` (copies of the history the model saw) are not kept.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import PurePosixPath
 from typing import Any
 
 from race_core.importers.common import (
+    MALFORMED_CALL,
     MALFORMED_MESSAGE,
     NO_QUESTION,
     NO_TURNS,
     Conversation,
     SkipRecord,
+    joined,
     required_list,
     text_of,
+    tool_call,
 )
 from race_core.schema import EMPTY_ACTION
 
 NAME = "swe-agent"
 SUBMITTED = "submitted"
+STEP_FIELDS = ("thought", "action", "observation")
+HISTORY_COPIES = ("query", "messages")  # per step: the history again, left out
+INFO_FIELDS = ("exit_status", "submission", "model_stats")  # kept under their own names
+
+
+def matches(record: dict[str, Any]) -> bool:
+    """A `trajectory` list beside a `history` or an `info`."""
+    return isinstance(record.get("trajectory"), list) and ("history" in record or "info" in record)
 
 
 def success(record: dict[str, Any]) -> tuple[bool, str, Any] | None:
@@ -40,15 +59,13 @@ def success(record: dict[str, Any]) -> tuple[bool, str, Any] | None:
 
 def convert(record: dict[str, Any], source: str) -> Conversation:
     steps = required_list(record, "trajectory", "the list of thought/action/observation steps")
-    system, question = _prompt(record.get("history"))
-    turns = [_turn(step, f"trajectory[{i}]") for i, step in enumerate(steps)]
+    history = record.get("history")
+    system, question = _prompt(history)
+    actions = _history_actions(history)
+    turns = [_turn(step, f"trajectory[{i}]", actions) for i, step in enumerate(steps)]
     if not turns:
         raise SkipRecord(NO_TURNS, "trajectory", "has no step")
-    extra: dict[str, Any] = {"instance_id": record.get("instance_id") or _instance_id(source)}
-    info = record.get("info")
-    if isinstance(info, dict) and info.get("exit_status") is not None:
-        extra["exit_status"] = info["exit_status"]
-    return Conversation(question=question, turns=turns, system=system, extra=extra,
+    return Conversation(question=question, turns=turns, system=system, extra=_extra(record, source, steps),
                         consumed=("trajectory", "history", "info", "replay_config", "instance_id"))
 
 
@@ -60,7 +77,7 @@ def _prompt(history: Any) -> tuple[str, str]:
     for i, message in enumerate(history):
         if not isinstance(message, dict):
             raise SkipRecord(MALFORMED_MESSAGE, f"history[{i}]", f"must be an object, got {type(message).__name__}")
-        if message.get("is_demo") or message.get("message_type") == "demonstration":
+        if _is_demo(message):
             continue
         role = message.get("role")
         if role == "system" and system is None:
@@ -74,19 +91,101 @@ def _prompt(history: Any) -> tuple[str, str]:
     return system or "", question
 
 
-def _turn(step: Any, where: str) -> dict[str, str]:
+def _is_demo(message: dict[str, Any]) -> bool:
+    return bool(message.get("is_demo")) or message.get("message_type") == "demonstration"
+
+
+def _history_actions(history: list[Any]) -> list[tuple[int, dict[str, Any]]]:
+    """The history's assistant entries that carry tool calls, with their index, in order."""
+    return [(i, m) for i, m in enumerate(history) if m.get("role") == "assistant" and not _is_demo(m)
+            and m.get("tool_calls")]
+
+
+def _turn(step: Any, where: str, actions: list[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
     if not isinstance(step, dict):
         raise SkipRecord(MALFORMED_MESSAGE, where, f"must be an object, got {type(step).__name__}")
     values = {}
-    for name in ("thought", "action", "observation"):
+    for name in STEP_FIELDS:
         value = step.get(name)
         if value is not None and not isinstance(value, str):
             raise SkipRecord(MALFORMED_MESSAGE, f"{where}.{name}", f"must be a string, got {type(value).__name__}")
         values[name] = value or ""
     if not values["action"].strip():
         raise SkipRecord(EMPTY_ACTION, f"{where}.action", "a step without a command")
-    return {"reasoning": values["thought"].strip(), "action": values["action"].strip(),
-            "observation": values["observation"]}
+    reasoning, action = values["thought"].strip(), values["action"].strip()
+    entry = _entry_of(values, actions)
+    if entry is not None:
+        index, message = entry
+        action = _calls(message["tool_calls"], f"history[{index}].tool_calls")
+        reasoning = joined([_thinking(message.get("thinking_blocks"), f"history[{index}].thinking_blocks"),
+                            reasoning], "\n\n")
+    return {"reasoning": reasoning, "action": action, "observation": values["observation"]}
+
+
+def _entry_of(step: dict[str, str], actions: list[tuple[int, dict[str, Any]]]) -> tuple[int, dict[str, Any]] | None:
+    """The first history entry not yet taken whose thought and action are the step's (a step the
+    agent retried after a format error is in the trajectory but not in the history); taken."""
+    for k, (index, message) in enumerate(actions):
+        if message.get("action") == step["action"] and (message.get("thought") or "") == step["thought"]:
+            del actions[:k + 1]
+            return index, message
+    return None
+
+
+def _calls(raw: Any, where: str) -> Any:
+    if not isinstance(raw, list):
+        raise SkipRecord(MALFORMED_CALL, where, f"must be a list, got {type(raw).__name__}")
+    calls = []
+    for k, call in enumerate(raw):
+        at = f"{where}[{k}]"
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            raise SkipRecord(MALFORMED_CALL, f"{at}.function", "must be an object with name and arguments")
+        calls.append(tool_call(function.get("name"), function.get("arguments"), f"{at}.function", call.get("id")))
+    return calls[0] if len(calls) == 1 else calls
+
+
+def _thinking(blocks: Any, where: str) -> str:
+    """The text of Anthropic thinking blocks (`{"type": "thinking", "thinking": ...}`)."""
+    if not blocks:
+        return ""
+    if not isinstance(blocks, list):
+        raise SkipRecord(MALFORMED_MESSAGE, where, f"must be a list, got {type(blocks).__name__}")
+    return joined([b["thinking"].strip() for b in blocks if isinstance(b, dict) and isinstance(b.get("thinking"), str)],
+                  "\n\n")
+
+
+def _extra(record: dict[str, Any], source: str, steps: list[Any]) -> dict[str, Any]:
+    extra: dict[str, Any] = {"instance_id": record.get("instance_id") or _instance_id(source)}
+    info = record.get("info")
+    if isinstance(info, dict):
+        extra.update({k: info[k] for k in INFO_FIELDS if info.get(k) is not None})
+        rest = {k: v for k, v in info.items() if k not in INFO_FIELDS}
+        if rest:
+            extra["info"] = rest
+    elif info is not None:
+        extra["info"] = info
+    replay = record.get("replay_config")
+    if replay is not None:
+        config = _parsed(replay)
+        tools = config.get("agent", {}).get("tools") if isinstance(config.get("agent"), dict) else None
+        if tools is not None:
+            extra["tool_config"] = tools
+        extra["replay_config"] = replay
+    kept = [{k: v for k, v in step.items() if k not in (*STEP_FIELDS, *HISTORY_COPIES)} for step in steps]
+    if any(kept):
+        extra["steps"] = kept
+    return extra
+
+
+def _parsed(replay: Any) -> dict[str, Any]:
+    """The replay config as an object (SWE-agent 1.x writes it as a JSON string); {} when it is none."""
+    if isinstance(replay, str):
+        try:
+            replay = json.loads(replay)
+        except json.JSONDecodeError:
+            return {}
+    return replay if isinstance(replay, dict) else {}
 
 
 def _instance_id(source: str) -> str:
