@@ -2,10 +2,15 @@
 "info": {...}, "replay_config": ...}` (0.x and 1.x).
 
 - `trajectory` steps `{"thought", "action", "observation", ...}`: one turn each; the action is the
-  shell or editor command as text. A run made with function calling keeps the model's real call:
-  the history's assistant entry of the step (`message_type` "action", the same thought and
-  action) holds its `tool_calls`, and the turn's action is those calls (`{"name": "bash",
-  "arguments": {"command": ...}}`, call ids kept); `thinking_blocks` there join the reasoning.
+  shell or editor command as text.
+- SWE-agent 1.x also writes each step the model saw into the history (an assistant entry with the
+  step's `thought` and `action`, `message_type` "action"). The steps are paired with those entries
+  in order: a step with no entry is one the agent retried (its output could not be parsed or was
+  blocked) and the model never saw again: it is no turn, and is kept in `extra` (`retried_steps`).
+  A run made with function calling keeps the model's real call: the entry's `tool_calls` are the
+  turn's action (`{"name": "bash", "arguments": {"command": ...}}`, call ids kept), and its
+  `thinking_blocks` join the reasoning. When the steps and entries do not pair up, every step is
+  a turn with its text action.
 - `history`: the first system message is the system prompt, the first user message (the problem
   statement with its instructions) the question. Demonstrations (`is_demo`, or `message_type`
   "demonstration") are examples the agent was shown, not this run: they are passed over.
@@ -14,8 +19,8 @@
 - `extra`: the instance id (the file's name, `<instance_id>.traj`), and everything the contract has
   no field for: `exit_status`, `submission` (the patch), `model_stats`, the rest of `info` (under
   `info`), the tool config (`replay_config.agent.tools`, under `tool_config`), `replay_config` as
-  given, and each step's other fields (`response`, `state`, `execution_time`, ...) under `steps`.
-  A step's `query` / `messages` (copies of the history the model saw) are not kept.
+  given, and each turn's step's other fields (`response`, `state`, `execution_time`, ...) under
+  `steps`. A step's `query` / `messages` (copies of the history the model saw) are not kept.
 """
 
 from __future__ import annotations
@@ -61,11 +66,16 @@ def convert(record: dict[str, Any], source: str) -> Conversation:
     steps = required_list(record, "trajectory", "the list of thought/action/observation steps")
     history = record.get("history")
     system, question = _prompt(history)
-    actions = _history_actions(history)
-    turns = [_turn(step, f"trajectory[{i}]", actions) for i, step in enumerate(steps)]
+    checked = [_step(step, f"trajectory[{i}]") for i, step in enumerate(steps)]
+    pairs = _paired(checked, history)
+    turns = [_turn(checked[i], f"trajectory[{i}]", history, entry) for i, entry in pairs]
     if not turns:
         raise SkipRecord(NO_TURNS, "trajectory", "has no step")
-    return Conversation(question=question, turns=turns, system=system, extra=_extra(record, source, steps),
+    extra = _extra(record, source, [steps[i] for i, _ in pairs])
+    retried = sorted(set(range(len(steps))) - {i for i, _ in pairs})
+    if retried:
+        extra["retried_steps"] = [{"index": i, **_kept(steps[i])} for i in retried]
+    return Conversation(question=question, turns=turns, system=system, extra=extra,
                         consumed=("trajectory", "history", "info", "replay_config", "instance_id"))
 
 
@@ -95,13 +105,8 @@ def _is_demo(message: dict[str, Any]) -> bool:
     return bool(message.get("is_demo")) or message.get("message_type") == "demonstration"
 
 
-def _history_actions(history: list[Any]) -> list[tuple[int, dict[str, Any]]]:
-    """The history's assistant entries that carry tool calls, with their index, in order."""
-    return [(i, m) for i, m in enumerate(history) if m.get("role") == "assistant" and not _is_demo(m)
-            and m.get("tool_calls")]
-
-
-def _turn(step: Any, where: str, actions: list[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
+def _step(step: Any, where: str) -> dict[str, str]:
+    """A step's thought, action and observation (strings; missing or null: "")."""
     if not isinstance(step, dict):
         raise SkipRecord(MALFORMED_MESSAGE, where, f"must be an object, got {type(step).__name__}")
     values = {}
@@ -110,26 +115,34 @@ def _turn(step: Any, where: str, actions: list[tuple[int, dict[str, Any]]]) -> d
         if value is not None and not isinstance(value, str):
             raise SkipRecord(MALFORMED_MESSAGE, f"{where}.{name}", f"must be a string, got {type(value).__name__}")
         values[name] = value or ""
-    if not values["action"].strip():
+    return values
+
+
+def _paired(steps: list[dict[str, str]], history: list[Any]) -> list[tuple[int, int | None]]:
+    """(step index, the index of its history entry) for each step that is a turn (see the module
+    docstring); the entry index is None when the history holds no entries to pair with."""
+    entries = [i for i, m in enumerate(history) if m.get("role") == "assistant" and not _is_demo(m) and "action" in m]
+    pairs: list[tuple[int, int | None]] = []
+    for k, step in enumerate(steps):
+        if len(pairs) < len(entries):
+            entry = history[entries[len(pairs)]]
+            if entry.get("action") == step["action"] and (entry.get("thought") or "") == step["thought"]:
+                pairs.append((k, entries[len(pairs)]))
+    if not entries or len(pairs) < len(entries):
+        return [(k, None) for k in range(len(steps))]
+    return pairs
+
+
+def _turn(step: dict[str, str], where: str, history: list[Any], entry: int | None) -> dict[str, Any]:
+    if not step["action"].strip():
         raise SkipRecord(EMPTY_ACTION, f"{where}.action", "a step without a command")
-    reasoning, action = values["thought"].strip(), values["action"].strip()
-    entry = _entry_of(values, actions)
-    if entry is not None:
-        index, message = entry
-        action = _calls(message["tool_calls"], f"history[{index}].tool_calls")
-        reasoning = joined([_thinking(message.get("thinking_blocks"), f"history[{index}].thinking_blocks"),
-                            reasoning], "\n\n")
-    return {"reasoning": reasoning, "action": action, "observation": values["observation"]}
-
-
-def _entry_of(step: dict[str, str], actions: list[tuple[int, dict[str, Any]]]) -> tuple[int, dict[str, Any]] | None:
-    """The first history entry not yet taken whose thought and action are the step's (a step the
-    agent retried after a format error is in the trajectory but not in the history); taken."""
-    for k, (index, message) in enumerate(actions):
-        if message.get("action") == step["action"] and (message.get("thought") or "") == step["thought"]:
-            del actions[:k + 1]
-            return index, message
-    return None
+    reasoning, action = step["thought"].strip(), step["action"].strip()
+    message = history[entry] if entry is not None else {}
+    if message.get("tool_calls"):
+        action = _calls(message["tool_calls"], f"history[{entry}].tool_calls")
+        reasoning = joined([_thinking(message.get("thinking_blocks"), f"history[{entry}].thinking_blocks"), reasoning],
+                           "\n\n")
+    return {"reasoning": reasoning, "action": action, "observation": step["observation"]}
 
 
 def _calls(raw: Any, where: str) -> Any:
@@ -172,10 +185,15 @@ def _extra(record: dict[str, Any], source: str, steps: list[Any]) -> dict[str, A
         if tools is not None:
             extra["tool_config"] = tools
         extra["replay_config"] = replay
-    kept = [{k: v for k, v in step.items() if k not in (*STEP_FIELDS, *HISTORY_COPIES)} for step in steps]
+    kept = [_kept(step, STEP_FIELDS) for step in steps]
     if any(kept):
         extra["steps"] = kept
     return extra
+
+
+def _kept(step: dict[str, Any], without: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The step's fields but its copies of the history and `without`."""
+    return {k: v for k, v in step.items() if k not in (*HISTORY_COPIES, *without)}
 
 
 def _parsed(replay: Any) -> dict[str, Any]:
