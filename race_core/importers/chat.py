@@ -31,7 +31,7 @@ from race_core.importers.common import (
     joined,
     split_think,
 )
-from race_core.importers.turn_text import Step, assistant_steps, observation_text, results_of
+from race_core.importers.turn_text import Step, assistant_steps, is_structured, observation_text, results_of
 
 SYSTEM, USER, ASSISTANT, TOOL = "system", "user", "assistant", "tool"
 
@@ -115,8 +115,7 @@ def _assistant(message: Message, turns: TurnBuilder, said: str, following: Messa
         turns.step(joined([said, message.reasoning, inline, rest], "\n\n"), message.calls, "", message.where)
         return ""
     steps = assistant_steps(message.text, f"{message.where}.content")
-    plain = len(steps) <= 1 and not (steps and (steps[0].calls or steps[0].observation is not None))
-    if plain and following is not None and following.role == ASSISTANT and following.calls:
+    if not is_structured(message.text) and following is not None and following.role == ASSISTANT and following.calls:
         step = steps[0] if steps else Step("", [], "")
         return joined([said, message.reasoning, step.reasoning, step.text], "\n\n")
     if not steps:

@@ -12,7 +12,8 @@ place that reads the conventions agents write their steps in.
   `Final Answer: X` is the text action `Final Answer: X`.
 - Hermes function calling: `<tool_call>{"name": ..., "arguments": ...}</tool_call>` blocks are the
   step's calls (several: parallel calls), the text around them what the model said before acting
-  (reasoning); results come back as `<tool_response>...</tool_response>` blocks, one per call.
+  (reasoning); a text with no whole block (a tag named in prose) is no call. Results come back as
+  `<tool_response>...</tool_response>` blocks, one per call.
 - `<think>...</think>` opening an assistant text is reasoning (`common.split_think`).
 """
 
@@ -43,7 +44,7 @@ _LABEL = re.compile(r"^(Question|Thought|Action Input|Action|Observation|Final A
                     re.MULTILINE)
 _ACTS = re.compile(r"^(?:Action|Final Answer)(?:[ \t]*\d+)?[ \t]*:", re.MULTILINE)
 _OBSERVATION_LABEL = re.compile(r"\A[ \t]*Observation(?:[ \t]*\d+)?[ \t]*:[ \t]?")
-_TOOL_CALL = re.compile(r"<tool_call>(.*?)(</tool_call>|\Z)", re.DOTALL)
+_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _TOOL_RESPONSE = re.compile(r"<tool_response>\n?(.*?)\n?</tool_response>", re.DOTALL)
 
 
@@ -153,8 +154,8 @@ def assistant_steps(text: str, where: str) -> list[Step]:
     """The steps of an assistant message's text: a `<think>` block, then Hermes `<tool_call>`
     blocks, ReAct labels, or else the whole rest as one text action (empty text: no step)."""
     reasoning, rest = split_think(text, where)
-    if "<tool_call>" in rest:
-        said, calls = hermes_calls(rest, where)
+    said, calls = hermes_calls(rest, where)
+    if calls:
         return [Step(joined([reasoning, said], "\n\n"), calls, "")]
     if has_react_action(rest):
         log = react_log(rest, where, question_allowed=False)
@@ -165,14 +166,24 @@ def assistant_steps(text: str, where: str) -> list[Step]:
     return [Step(reasoning, [], rest)] if rest or reasoning else []
 
 
+def is_structured(text: str) -> bool:
+    """Whether an assistant text holds Hermes calls or ReAct actions (not a plain text action)."""
+    return has_react_action(text) or _TOOL_CALL.search(text) is not None
+
+
 def hermes_calls(text: str, where: str) -> tuple[str, list[dict[str, Any]]]:
-    """(the text outside the blocks, the calls of the `<tool_call>` blocks) of an assistant text."""
+    """(the text outside the blocks, the calls of the `<tool_call>...</tool_call>` blocks) of an
+    assistant text; (text, []) when it has no whole block (a tag named in prose is text)."""
+    blocks = list(_TOOL_CALL.finditer(text))
+    if not blocks:
+        return text, []
     calls: list[dict[str, Any]] = []
-    for k, block in enumerate(_TOOL_CALL.finditer(text)):
-        if not block.group(2):
-            raise SkipRecord(MALFORMED_CALL, where, f"<tool_call> number {k + 1} is never closed by </tool_call>")
+    for k, block in enumerate(blocks):
         calls.extend(calls_from_json(block.group(1).strip(), f"{where}: <tool_call> {k + 1}"))
-    return _TOOL_CALL.sub("", text).strip(), calls
+    rest = _TOOL_CALL.sub("", text).strip()
+    if "<tool_call>" in rest:
+        raise SkipRecord(MALFORMED_CALL, where, "a <tool_call> is never closed by </tool_call>")
+    return rest, calls
 
 
 def results_of(text: str) -> tuple[list[str], str]:
