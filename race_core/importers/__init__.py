@@ -189,7 +189,8 @@ def _trajectory(spec: Format | str, line: int, record: Any, source: str, options
         contract, assumed = contract_record(spec, record, source, line, options)
         return Trajectory.from_dict(contract, limits), assumed
     except (SkipRecord, SchemaError) as exc:
-        return Reject(source, line, exc.code, exc.field, exc.message + _hint(spec, exc, record) + _record_id(record)), False
+        message = exc.message + _hint(spec, exc, record) + _record_id(record)
+        return Reject(source, line, exc.code, exc.field, message), False
     except Exception as exc:  # noqa: BLE001 - whatever a record makes Python raise is that record's reject
         return Reject(source, line, UNREADABLE, "<record>", _describe(exc) + _record_id(record)), False
 

@@ -217,9 +217,21 @@ def tool_call(name: Any, arguments: Any, where: str, call_id: Any = None) -> dic
     return call
 
 
+def call_objects(raw: Any, where: str) -> list[tuple[str, dict[str, Any]]]:
+    """(where, call) for each call of a source's list of calls (null: none), each an object."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise SkipRecord(MALFORMED_CALL, where, f"must be a list, got {type(raw).__name__}")
+    for k, call in enumerate(raw):
+        if not isinstance(call, dict):
+            raise SkipRecord(MALFORMED_CALL, f"{where}[{k}]", f"must be an object, got {type(call).__name__}")
+    return [(f"{where}[{k}]", call) for k, call in enumerate(raw)]
+
+
 # Glaive's function calls quote the arguments' JSON in single quotes: {"name": "f", "arguments": '{"a": 1}'}
-_SINGLE_QUOTED_ARGUMENTS = re.compile(r'\A\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*\'(.*)\'\s*}\s*\Z',
-                                      re.DOTALL)
+_SINGLE_QUOTED_ARGUMENTS = re.compile(
+    r'\A\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*\'(.*)\'\s*}\s*\Z', re.DOTALL)
 
 
 def calls_from_json(text: str, where: str) -> list[dict[str, Any]]:

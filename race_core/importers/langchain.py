@@ -33,6 +33,7 @@ from race_core.importers.common import (
     MALFORMED_MESSAGE,
     Conversation,
     SkipRecord,
+    call_objects,
     joined,
     parts_of,
     tool_call,
@@ -54,7 +55,8 @@ def matches(record: dict[str, Any]) -> bool:
         return True
     messages = record.get("messages")
     first = messages[0] if isinstance(messages, list) and messages else None
-    return isinstance(first, dict) and ("lc" in first or (first.get("type") in (*TYPES, "chat") and "role" not in first))
+    return isinstance(first, dict) and ("lc" in first or (first.get("type") in (*TYPES, "chat")
+                                                           and "role" not in first))
 
 
 def success(record: dict[str, Any]) -> tuple[bool, str, Any] | None:
@@ -177,7 +179,8 @@ def _blocks(content: Any, where: str) -> tuple[Any, list[dict[str, Any]]]:
             arguments = block.get("input") if kind == "tool_use" else block.get("args")
             calls.append(tool_call(block.get("name"), arguments, f"{where}[{k}]", block.get("id")))
         elif kind == "reasoning" and isinstance(block.get("summary"), list):
-            kept.append({"type": "reasoning", "reasoning": parts_of(block["summary"], f"{where}[{k}].summary").reasoning})
+            summary = parts_of(block["summary"], f"{where}[{k}].summary").reasoning
+            kept.append({"type": "reasoning", "reasoning": summary})
         else:
             kept.append(block)
     return kept, calls
@@ -190,16 +193,9 @@ def _calls(fields: dict[str, Any], extra_fields: dict[str, Any], block_calls: li
         first = invalid[0] if isinstance(invalid[0], dict) else {}
         raise SkipRecord(MALFORMED_CALL, f"{where}.invalid_tool_calls[0]",
                          f"LangChain could not parse the call {first.get('name')!r}: {first.get('error')}")
-    raw = fields.get("tool_calls")
-    if raw:
-        if not isinstance(raw, list):
-            raise SkipRecord(MALFORMED_CALL, f"{where}.tool_calls", f"must be a list, got {type(raw).__name__}")
-        calls = []
-        for k, call in enumerate(raw):
-            at = f"{where}.tool_calls[{k}]"
-            if not isinstance(call, dict):
-                raise SkipRecord(MALFORMED_CALL, at, f"must be an object, got {type(call).__name__}")
-            calls.append(tool_call(call.get("name"), call.get("args"), at, call.get("id")))
+    calls = [tool_call(call.get("name"), call.get("args"), at, call.get("id"))
+             for at, call in call_objects(fields.get("tool_calls"), f"{where}.tool_calls")]
+    if calls:
         return calls
     native = openai.calls_of(extra_fields, f"{where}.additional_kwargs")
     return native or block_calls

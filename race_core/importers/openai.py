@@ -23,6 +23,7 @@ from race_core.importers.common import (
     MALFORMED_MESSAGE,
     Conversation,
     SkipRecord,
+    call_objects,
     joined,
     parts_of,
     required_list,
@@ -79,16 +80,8 @@ def message_of(message: Any, where: str) -> Message:
 
 def calls_of(message: dict[str, Any], where: str) -> list[dict[str, Any]]:
     """The calls of an assistant message: `tool_calls` in OpenAI's form, or the legacy `function_call`."""
-    raw = message.get("tool_calls")
-    if raw is None:
-        raw = []
-    if not isinstance(raw, list):
-        raise SkipRecord(MALFORMED_CALL, f"{where}.tool_calls", f"must be a list, got {type(raw).__name__}")
     calls = []
-    for k, call in enumerate(raw):
-        at = f"{where}.tool_calls[{k}]"
-        if not isinstance(call, dict):
-            raise SkipRecord(MALFORMED_CALL, at, f"must be an object, got {type(call).__name__}")
+    for at, call in call_objects(message.get("tool_calls"), f"{where}.tool_calls"):
         kind = call.get("type", "function")
         if kind != "function":
             raise SkipRecord(MALFORMED_CALL, f"{at}.type", f"only function calls can be imported, got {kind!r}")

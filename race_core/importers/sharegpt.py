@@ -83,5 +83,6 @@ def _message(entry: Any, where: str) -> Message:
         calls = calls_from_json(payload, f"{where}.{value_key}")
         return Message(ASSISTANT, where, "", joined([parts.reasoning, reasoning], "\n\n"), parts.calls + calls)
     if (parts.reasoning or parts.calls) and role != ASSISTANT:
-        raise SkipRecord(MALFORMED_MESSAGE, f"{where}.{value_key}", f"reasoning or tool_call parts in a {speaker} entry")
+        raise SkipRecord(MALFORMED_MESSAGE, f"{where}.{value_key}",
+                         f"reasoning or tool_call parts in a {speaker} entry")
     return Message(role, where, parts.text, parts.reasoning, parts.calls)

@@ -36,6 +36,7 @@ from race_core.importers.common import (
     NO_TURNS,
     Conversation,
     SkipRecord,
+    call_objects,
     joined,
     required_list,
     text_of,
@@ -146,12 +147,9 @@ def _turn(step: dict[str, str], where: str, history: list[Any], entry: int | Non
 
 
 def _calls(raw: Any, where: str) -> Any:
-    if not isinstance(raw, list):
-        raise SkipRecord(MALFORMED_CALL, where, f"must be a list, got {type(raw).__name__}")
     calls = []
-    for k, call in enumerate(raw):
-        at = f"{where}[{k}]"
-        function = call.get("function") if isinstance(call, dict) else None
+    for at, call in call_objects(raw, where):
+        function = call.get("function")
         if not isinstance(function, dict):
             raise SkipRecord(MALFORMED_CALL, f"{at}.function", "must be an object with name and arguments")
         calls.append(tool_call(function.get("name"), function.get("arguments"), f"{at}.function", call.get("id")))
