@@ -333,3 +333,14 @@ def test_every_fixture_cites_its_source_in_every_record(name):
     records = [json.loads(line) for line in text.splitlines()] if name.endswith(".jsonl") else json.loads(text)
     for record in records if isinstance(records, list) else [records]:
         assert len(record["_source"]) > 15, name
+
+
+def test_a_record_without_a_success_flag_is_told_every_key_looked_for(tmp_path):
+    traj = json.loads((FIXTURES / "parser__parser-7.traj").read_text())
+    del traj["info"]["exit_status"]
+    path = tmp_path / "no-status.traj"
+    path.write_text(json.dumps(traj))
+    with open(path, "rb") as fh:
+        [reject] = list(import_stream(fh, str(path), "swe-agent"))
+    assert (reject.code, reject.field) == ("no_success_flag", "<record>")
+    assert "looked for successful, success, resolved, reward, info.exit_status" in reject.message

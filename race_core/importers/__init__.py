@@ -79,13 +79,14 @@ class Format:
     convert: Callable[[dict[str, Any], str], Conversation]
     matches: Callable[[dict[str, Any]], bool]  # whether a record looks like this format's (--format auto)
     success: Callable[[dict[str, Any]], tuple[bool, str, Any] | None] = _no_flag
+    success_keys: str = ""  # what `success` reads, for the message of a record without a flag
 
 
 # In the order --format auto tries them: the more specific shapes first.
 FORMATS = {f.name: f for f in (
-    Format(swe_agent.NAME, swe_agent.convert, swe_agent.matches, swe_agent.success),
+    Format(swe_agent.NAME, swe_agent.convert, swe_agent.matches, swe_agent.success, "info.exit_status"),
     Format(responses.NAME, responses.convert, responses.matches),
-    Format(langchain.NAME, langchain.convert, langchain.matches, langchain.success),
+    Format(langchain.NAME, langchain.convert, langchain.matches, langchain.success, "a LangSmith run's error"),
     Format(sharegpt.NAME, sharegpt.convert, sharegpt.matches),
     Format(openai.NAME, openai.convert, openai.matches),
     Format(react.NAME, react.convert, react.matches),
@@ -203,9 +204,9 @@ def contract_record(spec: Format, record: Any, source: str, line: int, options: 
         raise SkipRecord(NOT_OBJECT, "<record>", f"expected a JSON object, got {type(record).__name__}")
     verdict = success_flag(record) or spec.success(record)
     if verdict is None and not options.assume_successful:
-        raise SkipRecord(NO_SUCCESS_FLAG, "<record>", f"no success flag ({', '.join(SUCCESS_KEYS)} or "
-                                                      f"{REWARD_KEY}); pass --assume-successful if every record "
-                                                      f"of this input succeeded")
+        looked = ", ".join((*SUCCESS_KEYS, REWARD_KEY, *([spec.success_keys] if spec.success_keys else ())))
+        raise SkipRecord(NO_SUCCESS_FLAG, "<record>", f"no success flag (looked for {looked}); pass "
+                                                      f"--assume-successful if every record of this input succeeded")
     if verdict is not None and not verdict[0]:
         raise SkipRecord(NOT_SUCCESSFUL, verdict[1], f"the record did not succeed: {verdict[1]} is {verdict[2]!r}")
     conversation = spec.convert(record, source)
