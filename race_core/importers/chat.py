@@ -78,10 +78,7 @@ def chat_turns(messages: Sequence[Message], key: str, result_per_call: bool = Tr
             said = _assistant(message, turns, said, following)
         elif message.role == TOOL:
             blocks, rest = results_of(message.text)
-            for block in blocks or [message.text]:
-                turns.result(block, message.call_id if len(blocks) <= 1 else None, message.where)
-            if blocks and rest:
-                turns.note(rest)
+            _results(turns, message, blocks or [message.text], rest if blocks else "")
         else:
             raise AssertionError(f"a format module made a message of role {message.role!r}")
     if not any(question):
@@ -95,16 +92,21 @@ def chat_turns(messages: Sequence[Message], key: str, result_per_call: bool = Tr
 def _user_after_step(message: Message, turns: TurnBuilder) -> None:
     blocks, rest = results_of(message.text)
     if blocks:
-        for block in blocks:
-            turns.result(block, None, message.where)
-        if rest:
-            turns.note(rest)
+        _results(turns, message, blocks, rest)
         return
     observed = observation_text(message.text)
     if observed is not None:
         turns.observe(observed, message.where)
     else:
         turns.note(message.text)
+
+
+def _results(turns: TurnBuilder, message: Message, results: list[str], rest: str) -> None:
+    """The message's results (one: for its call id, if it names one), then any text beside them."""
+    for result in results:
+        turns.result(result, message.call_id if len(results) == 1 else None, message.where)
+    if rest:
+        turns.note(rest)
 
 
 def _assistant(message: Message, turns: TurnBuilder, said: str, following: Message | None) -> str:
