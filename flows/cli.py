@@ -150,20 +150,27 @@ def main(argv: list[str] | None = None) -> int:
 
 def cmd_validate(args) -> int:
     from race_core.importers import RACE, import_stream
-    from race_core.schema import Reject, read_jsonl
+    from race_core.schema import DUPLICATE, Duplicates, Reject, Trajectory, read_jsonl
 
     ingest = config_from_args(PipelineConfig(), args).ingest
+    duplicates: list[Reject] = []
     if ingest.format == RACE:
-        good, rejects = read_jsonl(args.input, ingest.limits())
+        good, rejects = read_jsonl(args.input, ingest.limits(), duplicates)
     else:  # agent logs: checked as `race import` / the ingest stage would read them
-        good, rejects = [], []
+        good, rejects, first = [], [], Duplicates()
         for path in args.input:
             with open(path, "rb") as fh:
-                for item in import_stream(fh, path, ingest.format, ingest.import_options(), ingest.limits()):
-                    (rejects if isinstance(item, Reject) else good).append(item)
+                for item in import_stream(fh, path, ingest.format, ingest.import_options(), ingest.limits(),
+                                          duplicates=first):
+                    if isinstance(item, Trajectory):
+                        good.append(item)
+                    else:
+                        (duplicates if item.code == DUPLICATE else rejects).append(item)
     print(f"valid trajectories: {len(good)}")
     print(f"rejected lines: {len(rejects)}")
-    for r in rejects:
+    print(f"duplicates: {len(duplicates)} (merged into the first of each; records read = "
+          f"{len(good) + len(rejects) + len(duplicates)})")
+    for r in [*rejects, *duplicates]:
         print(f"  {r.file}:{r.line}: [{r.code}] {r.field}: {r.message}")
     return 1 if rejects else 0
 

@@ -51,7 +51,7 @@ class IngestConfig:
     max_extra_bytes: int = DEFAULT_LIMITS.max_extra_bytes  # JSON bytes of all keys outside the contract (0: no limit)
     max_depth: int = DEFAULT_LIMITS.max_depth  # deepest JSON nesting, the record is level 1 (0: no limit)
     strict: bool = False  # stop the run if any input line is rejected
-    format: str = "race"  # input format: race (the contract) or agent logs: openai, sharegpt, swe-agent, react
+    format: str = "race"  # race (the contract), an agent-log format, or auto (picked per file)
     assume_successful: bool = False  # agent logs: a record without a success flag is taken as successful
     environment: str = ""  # agent logs: the environment of records that name none ("": the format's name)
     source_revision: str = ""  # agent logs: the source_revision of records that name none ("": unknown)

@@ -47,6 +47,9 @@ ERROR_CODES = (NOT_JSON, NOT_OBJECT, MISSING_FIELD, EMPTY_FIELD, WRONG_TYPE, BAD
                BAD_TURNS, EMPTY_TURNS, BAD_TURN, EMPTY_ACTION, FIELD_TOO_LARGE, BAD_ID, BAD_TEXT,
                NON_FINITE_NUMBER, TOO_DEEP, EXTRA_TOO_LARGE, LINE_TOO_LONG, UNREADABLE, BAD_TOOL_CALL, BAD_TOOLS)
 
+# Not an error: a line whose trajectory (same id) was read before is merged into it, counted and listed.
+DUPLICATE = "duplicate"
+
 REQUIRED_TEXT_FIELDS = ("question", "environment", "source_revision")
 KNOWN_FIELDS = {*REQUIRED_TEXT_FIELDS, "split", "successful", "turns", "id", "system", "tools"}
 TOOL_CALL_KEYS = ("name", "arguments", "id")
@@ -415,13 +418,33 @@ READ_CHUNK_BYTES = 1 << 20
 _DAMAGED_STREAM = (EOFError, zlib.error, gzip.BadGzipFile)
 
 
-def iter_jsonl_stream(binary: ByteStream, source: str, limits: Limits = DEFAULT_LIMITS
-                      ) -> Iterator[Trajectory | Reject]:
+class Duplicates:
+    """The first trajectory of each id, across every file read with this object: a later one with
+    the same id becomes a `duplicate` reject that names where the first was (nothing is dropped
+    without a word)."""
+
+    def __init__(self) -> None:
+        self._first: dict[str, tuple[str, int]] = {}
+
+    def check(self, item: Trajectory | Reject, source: str, line: int) -> Trajectory | Reject:
+        if isinstance(item, Reject):
+            return item
+        first = self._first.get(item.id)
+        if first is None:
+            self._first[item.id] = (source, line)
+            return item
+        return Reject(source, line, DUPLICATE, "<record>", f"the same trajectory (id {item.id[:12]}) as "
+                                                           f"{first[0]}:{first[1]}; merged into it", item.id)
+
+
+def iter_jsonl_stream(binary: ByteStream, source: str, limits: Limits = DEFAULT_LIMITS,
+                      duplicates: Duplicates | None = None) -> Iterator[Trajectory | Reject]:
     """Yield a Trajectory or a Reject for every non-blank line of a JSONL byte stream; never raises
     on bad data. gzip is recognised by its magic bytes, a leading UTF-8 BOM is dropped. The stream
     is read in chunks: a line over `limits.max_line_bytes` is skipped to its newline, never held
     whole. Bytes that are not UTF-8 reject their line; a damaged gzip stream rejects the line it
-    broke in and ends the file (the lines before it are kept)."""
+    broke in and ends the file (the lines before it are kept). With `duplicates`, a trajectory read
+    before (in any file it has seen) is a `duplicate` reject."""
     for number, line in enumerate(_bounded_lines(_decompressed(binary), limits.max_line_bytes), start=1):
         if number == 1 and isinstance(line, bytes) and line.startswith(UTF8_BOM):
             line = line[len(UTF8_BOM):]
@@ -430,7 +453,7 @@ def iter_jsonl_stream(binary: ByteStream, source: str, limits: Limits = DEFAULT_
         elif isinstance(line, _Damaged):
             yield Reject(source, number, UNREADABLE, "<file>", line.message)
         elif (item := _read_line(line, source, number, limits)) is not None:
-            yield item
+            yield duplicates.check(item, source, number) if duplicates is not None else item
 
 
 def iter_jsonl(lines: Iterable[str], source: str, limits: Limits = DEFAULT_LIMITS
@@ -554,16 +577,20 @@ def _bounded_lines(stream: ByteStream, max_bytes: int) -> Iterator[bytes | _Skip
 
 
 def read_jsonl(
-    paths: Iterable[str | Path], limits: Limits = DEFAULT_LIMITS
+    paths: Iterable[str | Path], limits: Limits = DEFAULT_LIMITS, duplicates: list[Reject] | None = None
 ) -> tuple[list[Trajectory], list[Reject]]:
-    """Read JSONL files (plain or gzip): the good trajectories (duplicates by id kept once) and every reject."""
-    good: dict[str, Trajectory] = {}
+    """Read JSONL files (plain or gzip): the good trajectories (duplicates by id kept once) and every
+    reject. The `duplicate` rejects go to `duplicates` when it is given, else nowhere."""
+    good: list[Trajectory] = []
     rejects: list[Reject] = []
+    first = Duplicates()
     for path in paths:
         with open(path, "rb") as fh:
-            for item in iter_jsonl_stream(fh, str(path), limits):
-                if isinstance(item, Reject):
+            for item in iter_jsonl_stream(fh, str(path), limits, first):
+                if isinstance(item, Trajectory):
+                    good.append(item)
+                elif item.code != DUPLICATE:
                     rejects.append(item)
-                else:
-                    good.setdefault(item.id, item)
-    return list(good.values()), rejects
+                elif duplicates is not None:
+                    duplicates.append(item)
+    return good, rejects

@@ -33,7 +33,7 @@ import fsspec
 from race_core.config import CoverConfig, IngestConfig, Resources, key_fields
 from race_core.importers import RACE, ImportStats, import_stream
 from race_core.progress import ProgressFigures
-from race_core.schema import Reject, Trajectory, iter_jsonl_stream
+from race_core.schema import DUPLICATE, Duplicates, Reject, Trajectory, iter_jsonl_stream
 from storage import ArtifactStore, stage_key
 from storage.parquet import (
     DatasetWriter,
@@ -158,16 +158,17 @@ def file_digest(url: str) -> str:
 
 
 def _read_items(url: str, config: IngestConfig, files_read: dict[str, dict[str, Any]],
-                imported: ImportStats) -> Iterator[Trajectory | Reject]:
+                imported: ImportStats, duplicates: Duplicates) -> Iterator[Trajectory | Reject]:
     """The file's trajectories and rejects, read once; then `files_read[url]` holds the sha256 and
     size of exactly the bytes they came from (a file appended meanwhile: the part that was read).
     Agent logs (`config.format` not race) are converted record by record (`race_core.importers`),
-    counted in `imported` (an `ImportStats`)."""
+    counted in `imported` (an `ImportStats`). A trajectory `duplicates` has seen is a `duplicate` reject."""
     with _open_input(url) as reader:
         if config.format == RACE:
-            yield from iter_jsonl_stream(reader, url, config.limits())
+            yield from iter_jsonl_stream(reader, url, config.limits(), duplicates)
         else:
-            yield from import_stream(reader, url, config.format, config.import_options(), config.limits(), imported)
+            yield from import_stream(reader, url, config.format, config.import_options(), config.limits(), imported,
+                                     duplicates)
         if not reader.at_end:  # a damaged gzip stream ended the read: its rest belongs to that reject
             reader.read_to_end()
         files_read[url] = {"sha256": reader.digest, "bytes": reader.size}
@@ -176,7 +177,7 @@ def _read_items(url: str, config: IngestConfig, files_read: dict[str, dict[str, 
 def ingest(store: ArtifactStore, inputs: Iterable[str], config: IngestConfig = IngestConfig(),
            log: Log = _quiet, only_cached: bool = False, force: bool = False) -> dict[str, Any]:
     """JSONL files (plain or gzip) -> `trajectories` + `rejects` Parquet. Duplicates (same id) are
-    kept once.
+    kept once, each later one a `duplicate` row of `rejects`, counted apart from the rejected lines.
 
     The key is made from what was read: each file is parsed and hashed in the same pass, so a file
     appended meanwhile gets the key of the bytes its rows came from (the manifest's `files_read` lists
@@ -195,24 +196,23 @@ def ingest(store: ArtifactStore, inputs: Iterable[str], config: IngestConfig = I
             if only_cached:
                 raise
     files_read: dict[str, dict[str, Any]] = {}
-    seen: set[str] = set()
-    duplicates = 0
+    duplicates, first = 0, Duplicates()
     imported = ImportStats()
     with _TempDataset(store, "trajectories") as good, _TempDataset(store, "rejects") as bad:
         for f in files:
-            for item in _read_items(f, config, files_read, imported):
+            for item in _read_items(f, config, files_read, imported, first):
                 if isinstance(item, Reject):
                     bad.writer.write(item)
-                elif item.id in seen:
-                    duplicates += 1
+                    duplicates += item.code == DUPLICATE
                 else:
-                    seen.add(item.id)
                     good.writer.write(item)
-    log(f"ingest: {good.rows} trajectories, {bad.rows} rejected lines, {duplicates} duplicates "
-        f"from {len(files)} file(s)")
-    metrics = {"ingested": good.rows, "rejected": bad.rows, "duplicates": duplicates, "files": len(files)}
+    log(f"ingest: {good.rows + bad.rows} records = {good.rows} trajectories + {bad.rows - duplicates} rejected "
+        f"lines + {duplicates} duplicates (merged) from {len(files)} file(s)")
+    metrics = {"ingested": good.rows, "rejected": bad.rows - duplicates, "duplicates": duplicates, "files": len(files)}
     if config.format != RACE:
         metrics["assumed_successful"] = imported.assumed_successful
+        if imported.formats:  # format auto: the one picked for each file
+            metrics["formats"] = imported.formats
         if imported.assumed_successful:
             log(f"ingest: warning: {imported.assumed_successful} {config.format} record(s) carry no success flag "
                 f"and were taken as successful (assume_successful)")

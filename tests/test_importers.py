@@ -300,7 +300,11 @@ def test_swe_agent_traj_becomes_the_contract_field_by_field(tmp_path):
         {"reasoning": "", "action": "submit", "observation": "diff --git a/forms.py b/forms.py"},
     ]
     assert (t["instance_id"], t["exit_status"], t["source_line"]) == ("django__django-11099", "submitted", 1)
-    assert not {"history", "trajectory", "info", "replay_config"} & set(t)
+    # what the contract has no field for is kept: the patch, the model stats, the config, the steps' other fields
+    assert (t["submission"], t["model_stats"], t["replay_config"]) == (
+        "diff --git a/forms.py b/forms.py", {"tokens_sent": 100}, '{"agent": {}}')
+    assert t["steps"] == [{"response": "DISCUSSION ...", "state": "{}"}, {}, {}]
+    assert not {"history", "trajectory", "info", "tool_config"} & set(t)
 
 
 def test_swe_agent_bad_trajectories_are_skipped_with_their_reason(tmp_path):
@@ -462,7 +466,7 @@ def test_race_import_writes_contract_lines_lists_each_skip_and_a_summary(tmp_pat
     assert main(["import", "--format", "openai", "--input", str(logs), "--out", str(out),
                  "--assume-successful", "--source-revision", "agent@1"]) == 0
     err = capsys.readouterr().err
-    assert "warning: 1 record(s) carry no success flag and were taken as successful" in err
+    assert "warning: 1 of the trajectories written carry no success flag and were taken as successful" in err
     trajectories, rejects = read_jsonl([out])
     assert rejects == [] and len(trajectories) == 2
     assert {t.source_revision for t in trajectories} == {"agent@1"}

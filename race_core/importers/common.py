@@ -1,5 +1,6 @@
-"""What every importer shares: the reasons a record is skipped, the success rule, the text of a
-message, `<think>` blocks, tool-call arguments, and the assembly of turns from messages.
+"""What every importer shares: the reasons a record is skipped, the success rule, the parts of a
+message (text, reasoning, calls), `<think>` blocks, tool calls and their arguments, and the
+assembly of turns from steps and results.
 
 A format module turns one source record into a `Conversation` (question, system, tools, turns) or
 raises `SkipRecord` naming the bad field; `race_core.importers` adds what every record gets
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,13 +25,14 @@ NO_TURNS = "no_turns"  # no assistant step at all
 MALFORMED_MESSAGE = "malformed_message"  # a message or step that is not what its format says
 MALFORMED_CALL = "malformed_call"  # a tool call without a name, arguments that are not a JSON object, ...
 MISSING_OBSERVATION = "missing_observation"  # a call before the last turn without its result
-ORPHAN_OBSERVATION = "orphan_observation"  # a result that answers no call of the turn before it
+ORPHAN_OBSERVATION = "orphan_observation"  # a result that answers no step before it
+UNKNOWN_FORMAT = "unknown_format"  # --format auto: no format recognises the record
 SKIP_CODES = (NOT_OBJECT, NOT_SUCCESSFUL, NO_SUCCESS_FLAG, BAD_SUCCESS_FLAG, BAD_SPLIT, MISSING_FIELD, NO_QUESTION,
               NO_TURNS, EMPTY_ACTION, MALFORMED_MESSAGE, MALFORMED_CALL, MISSING_OBSERVATION, ORPHAN_OBSERVATION,
-              BAD_TOOLS)
+              BAD_TOOLS, UNKNOWN_FORMAT)
 
 SUCCESS_KEYS = ("successful", "success", "resolved")  # booleans, in this order of precedence
-REWARD_KEY = "reward"  # a number: success when >= MIN_REWARD
+REWARD_KEY = "reward"  # true / false, or a number: success when >= MIN_REWARD
 MIN_REWARD = 1.0
 OBSERVATION_JOIN = "\n\n"  # between the results of a turn's calls, and any user text after them
 
@@ -53,7 +56,7 @@ class Conversation:
     system: str = ""
     tools: list[Any] | None = None
     consumed: tuple[str, ...] = ()  # record keys read into the fields above (the rest go to `extra`)
-    extra: dict[str, Any] = field(default_factory=dict)  # the source's identifiers found on the way
+    extra: dict[str, Any] = field(default_factory=dict)  # what the source holds beyond the contract's fields
 
 
 def required_list(record: dict[str, Any], key: str, what: str, missing_as: str | None = None) -> list[Any]:
@@ -69,8 +72,8 @@ def required_list(record: dict[str, Any], key: str, what: str, missing_as: str |
 
 def success_flag(record: dict[str, Any]) -> tuple[bool, str, Any] | None:
     """The record's own word on success, as (successful, the field that says so, its value): a
-    boolean `successful` / `success` / `resolved`, else a numeric `reward` (success when >= 1);
-    None when it has none of them (the format may know more)."""
+    boolean `successful` / `success` / `resolved`, else `reward`, true / false or a number (success
+    when >= 1); None when it has none of them (the format may know more)."""
     for key in SUCCESS_KEYS:
         value = record.get(key)
         if value is None:
@@ -81,33 +84,66 @@ def success_flag(record: dict[str, Any]) -> tuple[bool, str, Any] | None:
     reward = record.get(REWARD_KEY)
     if reward is None:
         return None
-    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
-        raise SkipRecord(BAD_SUCCESS_FLAG, REWARD_KEY, f"must be a finite number, got {reward!r}")
+    if isinstance(reward, bool):
+        return reward, REWARD_KEY, reward
+    if not isinstance(reward, (int, float)) or not math.isfinite(reward):
+        raise SkipRecord(BAD_SUCCESS_FLAG, REWARD_KEY, f"must be true, false or a finite number, got {reward!r}")
     return reward >= MIN_REWARD, REWARD_KEY, reward
 
 
-def text_of(content: Any, where: str) -> str:
-    """A message's text: a string, null (no text), or a list of text parts (OpenAI content parts,
-    joined with newlines). Any other part (an image, audio) cannot be a trajectory's text."""
+TEXT_PARTS = ("text", "input_text", "output_text")  # OpenAI chat / Responses text parts, LLaMA-Factory's text
+REASONING_PARTS = ("reasoning", "thinking", "reasoning_text", "summary_text")
+CALL_PARTS = ("tool_call",)  # LLaMA-Factory: the value is a JSON string of {"name", "arguments"}
+
+
+@dataclass
+class Parts:
+    """A message's content read part by part."""
+
+    text: str = ""
+    reasoning: str = ""
+    calls: list[dict[str, Any]] = field(default_factory=list)
+
+
+def parts_of(content: Any, where: str) -> Parts:
+    """A message's content: a string, null (nothing), or a list of parts. A part is a string, an
+    OpenAI text part (`{"type": "text" | "input_text" | "output_text", "text"}`), a typed part of
+    LLaMA-Factory (`{"type": "text" | "reasoning" | "tool_call", "value"}`), or a reasoning part
+    (`{"type": "thinking", "thinking"}`, `{"type": "reasoning", "reasoning"}`, ...). Several parts
+    of a kind are joined with newlines. Any other part (an image, audio) cannot be a trajectory's."""
     if content is None:
-        return ""
+        return Parts()
     if isinstance(content, str):
-        return content
+        return Parts(text=content)
     if not isinstance(content, list):
-        raise SkipRecord(MALFORMED_MESSAGE, where, f"must be a string or a list of text parts, "
-                                                   f"got {type(content).__name__}")
-    texts = []
+        raise SkipRecord(MALFORMED_MESSAGE, where, f"must be a string or a list of parts, got {type(content).__name__}")
+    texts, reasoning, calls = [], [], []
     for k, part in enumerate(content):
+        at = f"{where}[{k}]"
         if isinstance(part, str):
             texts.append(part)
             continue
         kind = part.get("type") if isinstance(part, dict) else None
-        text = part.get("text") if isinstance(part, dict) else None
-        if kind not in ("text", "input_text", "output_text") or not isinstance(text, str):
-            raise SkipRecord(MALFORMED_MESSAGE, f"{where}[{k}]", f"only text parts can be imported, got "
-                                                               f"{kind if kind else type(part).__name__!r}")
-        texts.append(text)
-    return "\n".join(texts)
+        if kind not in (*TEXT_PARTS, *REASONING_PARTS, *CALL_PARTS):
+            raise SkipRecord(MALFORMED_MESSAGE, at, f"only text, reasoning and tool_call parts can be imported, got "
+                                                    f"{kind if kind else type(part).__name__!r}")
+        value = next((part[key] for key in ("value", "text", kind) if isinstance(part.get(key), str)), None)
+        if value is None:
+            raise SkipRecord(MALFORMED_MESSAGE, at, f"a {kind!r} part without its text (looked for 'value', 'text' "
+                                                    f"and {kind!r})")
+        if kind in CALL_PARTS:
+            calls.extend(calls_from_json(value, f"{at}.value"))
+        else:
+            (reasoning if kind in REASONING_PARTS else texts).append(value)
+    return Parts("\n".join(texts), "\n".join(r.strip() for r in reasoning), calls)
+
+
+def text_of(content: Any, where: str) -> str:
+    """A message's text (`parts_of`), where the source has no place for reasoning or calls."""
+    parts = parts_of(content, where)
+    if parts.reasoning or parts.calls:
+        raise SkipRecord(MALFORMED_MESSAGE, where, "reasoning or tool_call parts where only text is expected")
+    return parts.text
 
 
 OPEN_THINK, CLOSE_THINK = "<think>", "</think>"
@@ -134,26 +170,98 @@ def joined(parts: list[str], sep: str) -> str:
     return sep.join(p for p in parts if p)
 
 
+def json_object(text: str) -> dict[str, Any] | None:
+    """The JSON object `text` holds, also when it is encoded twice (a JSON string whose content is
+    the object's JSON); None when it holds none."""
+    value: Any = text
+    for _ in range(2):
+        try:
+            value = json.loads(value)
+        except (json.JSONDecodeError, TypeError):
+            return None
+        if isinstance(value, dict):
+            return value
+        if not isinstance(value, str):
+            return None
+    return None
+
+
 def arguments_of(value: Any, where: str) -> dict[str, Any]:
-    """A call's arguments: an object, or a JSON string of one (OpenAI's form). Missing, null or an
-    empty string is a call without arguments."""
+    """A call's arguments: an object, or a JSON string of one (OpenAI's form), also one encoded
+    twice. Missing, null or an empty string is a call without arguments."""
     if value is None or (isinstance(value, str) and not value.strip()):
         return {}
     if isinstance(value, str):
         try:
-            value = json.loads(value)
+            decoded = json.loads(value)
         except json.JSONDecodeError as exc:
             raise SkipRecord(MALFORMED_CALL, where, f"is not valid JSON: {exc.msg} at column {exc.colno}") from None
+        value = json_object(decoded) if isinstance(decoded, str) else decoded
+        if value is None:
+            raise SkipRecord(MALFORMED_CALL, where, "a JSON string whose content is not a JSON object")
     if not isinstance(value, dict):
         raise SkipRecord(MALFORMED_CALL, where, f"must be a JSON object, got {type(value).__name__}")
     return value
 
 
-def tool_call(name: Any, arguments: Any, where: str) -> dict[str, Any]:
-    """One call in the contract's form, `{"name", "arguments"}`."""
+def tool_call(name: Any, arguments: Any, where: str, call_id: Any = None) -> dict[str, Any]:
+    """One call in the contract's form, `{"name", "arguments"}`, with the source's call id when it
+    has one (the contract's place for it)."""
     if not isinstance(name, str) or not name.strip():
         raise SkipRecord(MALFORMED_CALL, f"{where}.name", f"must be a non-empty string, got {name!r}")
-    return {"name": name, "arguments": arguments_of(arguments, f"{where}.arguments")}
+    call = {"name": name, "arguments": arguments_of(arguments, f"{where}.arguments")}
+    if call_id is not None and not isinstance(call_id, str):
+        raise SkipRecord(MALFORMED_CALL, f"{where}.id", f"must be a string, got {type(call_id).__name__}")
+    if call_id:
+        call["id"] = call_id
+    return call
+
+
+def call_objects(raw: Any, where: str) -> list[tuple[str, dict[str, Any]]]:
+    """(where, call) for each call of a source's list of calls (null: none), each an object."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise SkipRecord(MALFORMED_CALL, where, f"must be a list, got {type(raw).__name__}")
+    for k, call in enumerate(raw):
+        if not isinstance(call, dict):
+            raise SkipRecord(MALFORMED_CALL, f"{where}[{k}]", f"must be an object, got {type(call).__name__}")
+    return [(f"{where}[{k}]", call) for k, call in enumerate(raw)]
+
+
+# Glaive's function calls quote the arguments' JSON in single quotes: {"name": "f", "arguments": '{"a": 1}'}
+_SINGLE_QUOTED_ARGUMENTS = re.compile(
+    r'\A\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*\'(.*)\'\s*}\s*\Z', re.DOTALL)
+
+
+def calls_from_json(text: str, where: str) -> list[dict[str, Any]]:
+    """The calls a JSON text holds: one `{"name", "arguments"}` object or a list of them (parallel
+    calls), `arguments` an object or a JSON string of one (Glaive's single-quoted one too)."""
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as exc:
+        quoted = _SINGLE_QUOTED_ARGUMENTS.match(text)
+        if quoted is None:
+            raise SkipRecord(MALFORMED_CALL, where, f"is not valid JSON: {exc.msg} at column {exc.colno}") from None
+        parsed = {"name": json.loads(quoted.group(1)), "arguments": quoted.group(2)}
+    objects = parsed if isinstance(parsed, list) else [parsed]
+    if not objects:
+        raise SkipRecord(MALFORMED_CALL, where, "an empty list of calls")
+    calls = []
+    for k, call in enumerate(objects):
+        at = where + (f"[{k}]" if isinstance(parsed, list) else "")
+        if not isinstance(call, dict):
+            raise SkipRecord(MALFORMED_CALL, at, f"a call must be an object, got {type(call).__name__}")
+        calls.append(tool_call(call.get("name"), call.get("arguments"), at))
+    return calls
+
+
+def is_call_json(value: Any) -> bool:
+    """Whether a parsed JSON value is a call object (`{"name": str, "arguments": object}`, maybe
+    with an id) or a non-empty list of them: how a text that is exactly that is known for a call."""
+    objects = value if isinstance(value, list) and value else [value]
+    return all(isinstance(c, dict) and isinstance(c.get("name"), str) and isinstance(c.get("arguments"), dict)
+               and set(c) <= {"name", "arguments", "id"} for c in objects)
 
 
 def tools_of(value: Any, where: str) -> list[Any] | None:
@@ -178,15 +286,17 @@ class _OpenTurn:
     calls: list[dict[str, Any]]
     where: str
     results: dict[int, str] = field(default_factory=dict)  # call index -> its result
+    observed: str | None = None  # one observation of the whole step (ReAct's Observation:)
     notes: list[str] = field(default_factory=list)  # user text after the assistant message
 
 
 class TurnBuilder:
     """Turns from a message list: each assistant step opens a turn; the results of its calls (in
-    call order, whatever order they came in) and then any user text before the next step make its
-    observation. A call before the last turn must have its result: a log that lost it is skipped
-    rather than trained on with a made-up empty observation. `result_per_call=False`: the source's
-    results name no call (ShareGPT), and a calling turn needs at least one."""
+    call order, whatever order they came in), or one observation of the whole step, and then any
+    user text before the next step make its observation. A result after a text action is that
+    action's observation. A call before the last turn must have its result: a log that lost it is
+    skipped rather than trained on with a made-up empty observation. `result_per_call=False`: the
+    source's results name no call (ShareGPT), and a calling turn needs at least one."""
 
     def __init__(self, result_per_call: bool = True):
         self.result_per_call = result_per_call
@@ -212,15 +322,19 @@ class TurnBuilder:
         self._open = _OpenTurn(reasoning, action, calls, where)
 
     def result(self, text: str, call_id: Any, where: str) -> None:
-        """A tool result: for the call with `call_id`, or (no id) the first call not yet answered."""
+        """A tool result: for the call with `call_id`, or (no id) the first call not yet answered;
+        after a text action, its observation."""
         turn = self._open
-        if turn is None or not turn.calls:
-            raise SkipRecord(ORPHAN_OBSERVATION, where, "a tool result with no tool call before it")
-        if not self.result_per_call:
-            turn.results[len(turn.results)] = text
-            return
+        if turn is None:
+            raise SkipRecord(ORPHAN_OBSERVATION, where, "a tool result with no step before it")
         if call_id is not None and not isinstance(call_id, str):
             raise SkipRecord(MALFORMED_MESSAGE, f"{where}.tool_call_id", f"must be a string, got {call_id!r}")
+        if not turn.calls or not self.result_per_call:
+            if call_id and not turn.calls:
+                raise SkipRecord(ORPHAN_OBSERVATION, f"{where}.tool_call_id",
+                                 f"{call_id!r} answers a call, but {turn.where} has no tool call")
+            turn.results[len(turn.results)] = text
+            return
         if call_id:
             index = next((k for k, c in enumerate(turn.calls) if c.get("id") == call_id), None)
             if index is None:
@@ -232,6 +346,17 @@ class TurnBuilder:
             raise SkipRecord(ORPHAN_OBSERVATION, where, f"a second result for a call of {turn.where}")
         turn.results[index] = text
 
+    def observe(self, text: str, where: str) -> None:
+        """One observation of the whole open step (ReAct's `Observation:`): the results of all its
+        calls together, or a text action's observation."""
+        turn = self._open
+        if turn is None:
+            raise SkipRecord(ORPHAN_OBSERVATION, where, "an Observation with no step before it")
+        if turn.observed is not None or turn.results:
+            turn.notes.append(text)
+        else:
+            turn.observed = text
+
     def note(self, text: str) -> None:
         """User text after a step: part of that turn's observation."""
         assert self._open is not None, "a note before the first step belongs to the question"
@@ -241,15 +366,16 @@ class TurnBuilder:
         turn, self._open = self._open, None
         if turn is None:
             return
-        if turn.calls and not last:
+        if turn.calls and not last and turn.observed is None:
             answered = len(turn.results) == len(turn.calls) if self.result_per_call else bool(turn.results)
             if not answered:
                 missing = [c["name"] for k, c in enumerate(turn.calls) if k not in turn.results]
                 raise SkipRecord(MISSING_OBSERVATION, turn.where, f"the result of call(s) {missing} is missing "
                                                                   f"before the next step")
         results = [turn.results[k] for k in sorted(turn.results)]
+        observed = [] if turn.observed is None else [turn.observed]
         self._done.append({"reasoning": turn.reasoning, "action": turn.action,
-                           "observation": joined([*results, *turn.notes], OBSERVATION_JOIN)})
+                           "observation": joined([*observed, *results, *turn.notes], OBSERVATION_JOIN)})
 
     def turns(self) -> list[dict[str, Any]]:
         """Every turn; the last may lack its results (the log ended after the call)."""

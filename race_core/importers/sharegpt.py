@@ -1,43 +1,56 @@
 """ShareGPT / LLaMA-Factory records: `{"conversations": [{"from": ..., "value": ...}], "system": ...,
-"tools": "<JSON list>"}` (the `role` / `content` spelling and a `messages` key are read too).
+"tools": "<JSON list>"}` (the `role` / `content` spelling and a `messages` key are read too), and
+LLaMA-Factory's typed-parts records, whose `content` is a list of `{"type": "text" | "reasoning" |
+"tool_call", "value": ...}` parts.
 
+Each entry becomes a `chat.Message` (see `race_core.importers.chat` for how turns are made):
 - `system` entries and the record's `system`: the system prompt (the record's first).
-- `human` entries before the first assistant entry: the question; later ones join the observation
-  of the turn before.
-- `gpt` entry: a text action, reasoning from a `<think>` block opening it. A `gpt` entry directly
-  followed by a `function_call` is what the model said before calling: the call turn's reasoning.
-- `function_call` entry: a JSON object `{"name", "arguments"}` (or a list of them: parallel calls,
-  one turn), optionally after a `<think>` block; `arguments` an object or a JSON string of one.
-- `observation` entries: the call's result (several are joined in order; they name no call).
+- `human` / `user`: the question, later user text (or results, see `chat`).
+- `gpt` / `assistant`: its text is read for a `<think>` block, Hermes `<tool_call>` blocks and
+  ReAct labels; a `gpt` entry directly followed by a `function_call` is what the model said before
+  calling: the call turn's reasoning.
+- `function_call` / `function-call`: a JSON object `{"name", "arguments"}` (or a list of them:
+  parallel calls, one turn), optionally after a `<think>` block; `arguments` an object or a JSON
+  string of one (Glaive's single-quoted one too).
+- `observation` / `function` / `tool` / `function-response` / `function_response`: a result (several
+  are joined in order; they name no call; Hermes `<tool_response>` blocks are one result each).
 - `tools`: a list of JSON schemas, or a JSON string of one (LLaMA-Factory's form), kept as given.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from race_core.importers.chat import ASSISTANT, SYSTEM, TOOL, USER, Message, chat_turns
 from race_core.importers.common import (
-    MALFORMED_CALL,
     MALFORMED_MESSAGE,
-    NO_QUESTION,
-    NO_TURNS,
     Conversation,
     SkipRecord,
-    TurnBuilder,
+    calls_from_json,
     joined,
+    parts_of,
     required_list,
     split_think,
-    tool_call,
     tools_of,
 )
 from race_core.schema import WRONG_TYPE
 
 NAME = "sharegpt"
-USER, ASSISTANT, CALL, OBSERVATION, SYSTEM = "user", "assistant", "call", "observation", "system"
+CALL = "call"
 ROLES = {"human": USER, "user": USER, "gpt": ASSISTANT, "assistant": ASSISTANT, "chatgpt": ASSISTANT,
-         "model": ASSISTANT, "function_call": CALL, "observation": OBSERVATION, "tool": OBSERVATION,
-         "function": OBSERVATION, "system": SYSTEM}
+         "model": ASSISTANT, "function_call": CALL, "function-call": CALL, "observation": TOOL, "tool": TOOL,
+         "function": TOOL, "function-response": TOOL, "function_response": TOOL, "system": SYSTEM}
+
+
+def matches(record: dict[str, Any]) -> bool:
+    """`conversations`, or `messages` of `from` / `value` entries or of LLaMA-Factory's typed parts."""
+    if isinstance(record.get("conversations"), list):
+        return True
+    messages = record.get("messages")
+    first = messages[0] if isinstance(messages, list) and messages else None
+    content = first.get("content") if isinstance(first, dict) else None
+    return isinstance(first, dict) and ("from" in first or (isinstance(content, list) and any(
+        isinstance(p, dict) and "value" in p for p in content)))
 
 
 def convert(record: dict[str, Any], source: str) -> Conversation:
@@ -46,70 +59,30 @@ def convert(record: dict[str, Any], source: str) -> Conversation:
     given_system = record.get("system")
     if given_system is not None and not isinstance(given_system, str):
         raise SkipRecord(WRONG_TYPE, "system", f"must be a string, got {type(given_system).__name__}")
-    system = [(given_system or "").strip()]
-    question: list[str] = []
-    turns = TurnBuilder(result_per_call=False)
-    said = ""  # a gpt entry's text, when a function_call entry follows it
-    for i, entry in enumerate(entries):
-        where = f"{key}[{i}]"
-        role, text = _entry(entry, where)
-        if role == SYSTEM:
-            if turns.started:
-                raise SkipRecord(MALFORMED_MESSAGE, where, "a system entry after the first assistant entry")
-            system.append(text.strip())
-        elif role == USER:
-            if turns.started:
-                turns.note(text)
-            else:
-                question.append(text.strip())
-        elif role == ASSISTANT and i + 1 < len(entries) and _entry(entries[i + 1], f"{key}[{i + 1}]")[0] == CALL:
-            said = text
-        elif role == ASSISTANT:
-            reasoning, rest = split_think(text, f"{where}.value")
-            turns.step(reasoning, [], rest, where)
-        elif role == CALL:
-            said_reasoning, said_rest = split_think(said, f"{key}[{i - 1}].value")
-            reasoning, payload = split_think(text, f"{where}.value")
-            turns.step(joined([said_reasoning, said_rest, reasoning], "\n\n"), _calls(payload, where), "", where)
-            said = ""
-        else:
-            turns.result(text, None, where)
-    if not any(question):
-        raise SkipRecord(NO_QUESTION, key, "no human entry before the first assistant entry")
-    steps = turns.turns()
-    if not steps:
-        raise SkipRecord(NO_TURNS, key, "no gpt or function_call entry")
-    return Conversation(question=joined(question, "\n\n"), turns=steps, system=joined(system, "\n\n"),
+    messages = [Message(SYSTEM, "system", given_system)] if given_system else []
+    messages += [_message(entry, f"{key}[{i}]") for i, entry in enumerate(entries)]
+    chat = chat_turns(messages, key, result_per_call=False)
+    return Conversation(question=chat.question, turns=chat.turns, system=chat.system,
                         tools=tools_of(record.get("tools"), "tools"), consumed=(key, "system", "tools"))
 
 
-def _entry(entry: Any, where: str) -> tuple[str, str]:
-    """(role, text) of one entry, in either spelling."""
+def _message(entry: Any, where: str) -> Message:
+    """One entry, in either spelling, as a `chat.Message`."""
     if not isinstance(entry, dict):
         raise SkipRecord(MALFORMED_MESSAGE, where, f"must be an object, got {type(entry).__name__}")
-    speaker = entry.get("from", entry.get("role"))
+    speaker_key = "from" if "from" in entry else "role"
+    speaker = entry.get(speaker_key)
     if speaker not in ROLES:
-        raise SkipRecord(MALFORMED_MESSAGE, f"{where}.from", f"unknown speaker {speaker!r}; known: {sorted(ROLES)}")
-    value = entry.get("value", entry.get("content"))
-    if not isinstance(value, str):
-        raise SkipRecord(MALFORMED_MESSAGE, f"{where}.value", f"must be a string, got {type(value).__name__}")
-    return ROLES[speaker], value
-
-
-def _calls(payload: str, where: str) -> list[dict[str, Any]]:
-    """The calls of a function_call entry's JSON: one object or a list of them."""
-    try:
-        parsed = json.loads(payload)
-    except json.JSONDecodeError as exc:
-        raise SkipRecord(MALFORMED_CALL, f"{where}.value", f"is not valid JSON: {exc.msg} at column {exc.colno}"
-                         ) from None
-    objects = parsed if isinstance(parsed, list) else [parsed]
-    if not objects:
-        raise SkipRecord(MALFORMED_CALL, f"{where}.value", "an empty list of calls")
-    calls = []
-    for k, call in enumerate(objects):
-        at = f"{where}.value" + (f"[{k}]" if isinstance(parsed, list) else "")
-        if not isinstance(call, dict):
-            raise SkipRecord(MALFORMED_CALL, at, f"a call must be an object, got {type(call).__name__}")
-        calls.append(tool_call(call.get("name"), call.get("arguments"), at))
-    return calls
+        raise SkipRecord(MALFORMED_MESSAGE, f"{where}.{speaker_key}", f"unknown speaker {speaker!r}; known: "
+                                                                      f"{sorted(ROLES)}")
+    value_key = "value" if "value" in entry else "content"
+    parts = parts_of(entry.get(value_key), f"{where}.{value_key}")
+    role = ROLES[speaker]
+    if role == CALL:
+        reasoning, payload = split_think(parts.text, f"{where}.{value_key}")
+        calls = calls_from_json(payload, f"{where}.{value_key}")
+        return Message(ASSISTANT, where, "", joined([parts.reasoning, reasoning], "\n\n"), parts.calls + calls)
+    if (parts.reasoning or parts.calls) and role != ASSISTANT:
+        raise SkipRecord(MALFORMED_MESSAGE, f"{where}.{value_key}",
+                         f"reasoning or tool_call parts in a {speaker} entry")
+    return Message(role, where, parts.text, parts.reasoning, parts.calls)

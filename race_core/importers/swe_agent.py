@@ -1,34 +1,59 @@
 """SWE-agent trajectories: one `.traj` JSON document per run, `{"trajectory": [...], "history": [...],
-"info": {...}}` (0.x and 1.x).
+"info": {...}, "replay_config": ...}` (0.x and 1.x).
 
 - `trajectory` steps `{"thought", "action", "observation", ...}`: one turn each; the action is the
   shell or editor command as text.
+- SWE-agent 1.x also writes each step the model saw into the history (an assistant entry with the
+  step's `thought` and `action`, `message_type` "action"). The steps are paired with those entries
+  in order: a step with no entry is one the agent retried (its output could not be parsed or was
+  blocked) and the model never saw again: it is no turn, and is kept in `extra` (`retried_steps`).
+  A run made with function calling keeps the model's real call: the entry's `tool_calls` are the
+  turn's action (`{"name": "bash", "arguments": {"command": ...}}`, call ids kept), and its
+  `thinking_blocks` join the reasoning. When the steps and entries do not pair up, every step is
+  a turn with its text action.
 - `history`: the first system message is the system prompt, the first user message (the problem
   statement with its instructions) the question. Demonstrations (`is_demo`, or `message_type`
   "demonstration") are examples the agent was shown, not this run: they are passed over.
 - Success: `info.exit_status` exactly "submitted" (the agent submitted on its own; "submitted
   (exit_cost)" and the like were submitted for it when a limit ran out).
-- The instance id (the file's name, `<instance_id>.traj`) and the exit status are kept in `extra`.
+- `extra`: the instance id (the file's name, `<instance_id>.traj`), and everything the contract has
+  no field for: `exit_status`, `submission` (the patch), `model_stats`, the rest of `info` (under
+  `info`), the tool config (`replay_config.agent.tools`, under `tool_config`), `replay_config` as
+  given, and each turn's step's other fields (`response`, `state`, `execution_time`, ...) under
+  `steps`. A step's `query` / `messages` (copies of the history the model saw) are not kept.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import PurePosixPath
 from typing import Any
 
 from race_core.importers.common import (
+    MALFORMED_CALL,
     MALFORMED_MESSAGE,
     NO_QUESTION,
     NO_TURNS,
     Conversation,
     SkipRecord,
+    call_objects,
+    joined,
     required_list,
     text_of,
+    tool_call,
 )
 from race_core.schema import EMPTY_ACTION
 
 NAME = "swe-agent"
 SUBMITTED = "submitted"
+STEP_FIELDS = ("thought", "action", "observation")
+HISTORY_COPIES = ("query", "messages")  # per step: the history again, left out
+INFO_FIELDS = ("exit_status", "submission", "model_stats")  # kept under their own names
+
+
+def matches(record: dict[str, Any]) -> bool:
+    """A `trajectory` list beside a `history` or an `info`."""
+    return isinstance(record.get("trajectory"), list) and ("history" in record or "info" in record)
 
 
 def success(record: dict[str, Any]) -> tuple[bool, str, Any] | None:
@@ -40,14 +65,17 @@ def success(record: dict[str, Any]) -> tuple[bool, str, Any] | None:
 
 def convert(record: dict[str, Any], source: str) -> Conversation:
     steps = required_list(record, "trajectory", "the list of thought/action/observation steps")
-    system, question = _prompt(record.get("history"))
-    turns = [_turn(step, f"trajectory[{i}]") for i, step in enumerate(steps)]
+    history = record.get("history")
+    system, question = _prompt(history)
+    checked = [_step(step, f"trajectory[{i}]") for i, step in enumerate(steps)]
+    pairs = _paired(checked, history)
+    turns = [_turn(checked[i], f"trajectory[{i}]", history, entry) for i, entry in pairs]
     if not turns:
         raise SkipRecord(NO_TURNS, "trajectory", "has no step")
-    extra: dict[str, Any] = {"instance_id": record.get("instance_id") or _instance_id(source)}
-    info = record.get("info")
-    if isinstance(info, dict) and info.get("exit_status") is not None:
-        extra["exit_status"] = info["exit_status"]
+    extra = _extra(record, source, [steps[i] for i, _ in pairs])
+    retried = sorted(set(range(len(steps))) - {i for i, _ in pairs})
+    if retried:
+        extra["retried_steps"] = [{"index": i, **_kept(steps[i])} for i in retried]
     return Conversation(question=question, turns=turns, system=system, extra=extra,
                         consumed=("trajectory", "history", "info", "replay_config", "instance_id"))
 
@@ -60,7 +88,7 @@ def _prompt(history: Any) -> tuple[str, str]:
     for i, message in enumerate(history):
         if not isinstance(message, dict):
             raise SkipRecord(MALFORMED_MESSAGE, f"history[{i}]", f"must be an object, got {type(message).__name__}")
-        if message.get("is_demo") or message.get("message_type") == "demonstration":
+        if _is_demo(message):
             continue
         role = message.get("role")
         if role == "system" and system is None:
@@ -74,19 +102,106 @@ def _prompt(history: Any) -> tuple[str, str]:
     return system or "", question
 
 
-def _turn(step: Any, where: str) -> dict[str, str]:
+def _is_demo(message: dict[str, Any]) -> bool:
+    return bool(message.get("is_demo")) or message.get("message_type") == "demonstration"
+
+
+def _step(step: Any, where: str) -> dict[str, str]:
+    """A step's thought, action and observation (strings; missing or null: "")."""
     if not isinstance(step, dict):
         raise SkipRecord(MALFORMED_MESSAGE, where, f"must be an object, got {type(step).__name__}")
     values = {}
-    for name in ("thought", "action", "observation"):
+    for name in STEP_FIELDS:
         value = step.get(name)
         if value is not None and not isinstance(value, str):
             raise SkipRecord(MALFORMED_MESSAGE, f"{where}.{name}", f"must be a string, got {type(value).__name__}")
         values[name] = value or ""
-    if not values["action"].strip():
+    return values
+
+
+def _paired(steps: list[dict[str, str]], history: list[Any]) -> list[tuple[int, int | None]]:
+    """(step index, the index of its history entry) for each step that is a turn (see the module
+    docstring); the entry index is None when the history holds no entries to pair with."""
+    entries = [i for i, m in enumerate(history) if m.get("role") == "assistant" and not _is_demo(m) and "action" in m]
+    pairs: list[tuple[int, int | None]] = []
+    for k, step in enumerate(steps):
+        if len(pairs) < len(entries):
+            entry = history[entries[len(pairs)]]
+            if entry.get("action") == step["action"] and (entry.get("thought") or "") == step["thought"]:
+                pairs.append((k, entries[len(pairs)]))
+    if not entries or len(pairs) < len(entries):
+        return [(k, None) for k in range(len(steps))]
+    return pairs
+
+
+def _turn(step: dict[str, str], where: str, history: list[Any], entry: int | None) -> dict[str, Any]:
+    if not step["action"].strip():
         raise SkipRecord(EMPTY_ACTION, f"{where}.action", "a step without a command")
-    return {"reasoning": values["thought"].strip(), "action": values["action"].strip(),
-            "observation": values["observation"]}
+    reasoning, action = step["thought"].strip(), step["action"].strip()
+    message = history[entry] if entry is not None else {}
+    if message.get("tool_calls"):
+        action = _calls(message["tool_calls"], f"history[{entry}].tool_calls")
+        reasoning = joined([_thinking(message.get("thinking_blocks"), f"history[{entry}].thinking_blocks"), reasoning],
+                           "\n\n")
+    return {"reasoning": reasoning, "action": action, "observation": step["observation"]}
+
+
+def _calls(raw: Any, where: str) -> Any:
+    calls = []
+    for at, call in call_objects(raw, where):
+        function = call.get("function")
+        if not isinstance(function, dict):
+            raise SkipRecord(MALFORMED_CALL, f"{at}.function", "must be an object with name and arguments")
+        calls.append(tool_call(function.get("name"), function.get("arguments"), f"{at}.function", call.get("id")))
+    return calls[0] if len(calls) == 1 else calls
+
+
+def _thinking(blocks: Any, where: str) -> str:
+    """The text of Anthropic thinking blocks (`{"type": "thinking", "thinking": ...}`)."""
+    if not blocks:
+        return ""
+    if not isinstance(blocks, list):
+        raise SkipRecord(MALFORMED_MESSAGE, where, f"must be a list, got {type(blocks).__name__}")
+    return joined([b["thinking"].strip() for b in blocks if isinstance(b, dict) and isinstance(b.get("thinking"), str)],
+                  "\n\n")
+
+
+def _extra(record: dict[str, Any], source: str, steps: list[Any]) -> dict[str, Any]:
+    extra: dict[str, Any] = {"instance_id": record.get("instance_id") or _instance_id(source)}
+    info = record.get("info")
+    if isinstance(info, dict):
+        extra.update({k: info[k] for k in INFO_FIELDS if info.get(k) is not None})
+        rest = {k: v for k, v in info.items() if k not in INFO_FIELDS}
+        if rest:
+            extra["info"] = rest
+    elif info is not None:
+        extra["info"] = info
+    replay = record.get("replay_config")
+    if replay is not None:
+        config = _parsed(replay)
+        tools = config.get("agent", {}).get("tools") if isinstance(config.get("agent"), dict) else None
+        if tools is not None:
+            extra["tool_config"] = tools
+        extra["replay_config"] = replay
+    kept = [_kept(step, STEP_FIELDS) for step in steps]
+    if any(kept):
+        extra["steps"] = kept
+    return extra
+
+
+def _kept(step: dict[str, Any], without: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The step's fields but its copies of the history and `without`."""
+    return {k: v for k, v in step.items() if k not in (*HISTORY_COPIES, *without)}
+
+
+def _parsed(replay: Any) -> dict[str, Any]:
+    """The replay config as an object (SWE-agent 1.x writes it as a JSON string); {} when it is none."""
+    if isinstance(replay, str):
+        try:
+            replay = json.loads(replay)
+        except json.JSONDecodeError:
+            return {}
+    return replay if isinstance(replay, dict) else {}
 
 
 def _instance_id(source: str) -> str:
