@@ -14,16 +14,21 @@ resumes at the first stage without a manifest.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prefect import flow
+from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
 
 from flows.demo import DEMO_INPUT_TASKS, bootstrap_task, demo_inputs_task
-from race_core.ablation import COVER_ARMS, DERIVED_ARMS
-from race_core.config import CoverConfig, EvalConfig, PipelineConfig, RLConfig, SFTConfig, replace
+from race_core.ablation import ARMS, COVER_ARMS, DERIVED_ARMS
+from race_core.config import CoverConfig, EvalConfig, PipelineConfig, Resources, RLConfig, SFTConfig, replace
+from race_core.train.checkpoint_bootstrap import AgentBootstrapConfig
+from storage import ArtifactStore
 from tasks import pipeline_tasks as t
+from tasks.pipeline_tasks import RETRY
 from tasks.training_stages import PolicyRef
 
 ABLATE_INPUT_TASKS = DEMO_INPUT_TASKS  # two-part training tasks the policy plays (2 episodes each): the demo's
@@ -34,6 +39,50 @@ ABLATE_CONFIG = PipelineConfig(
     rl=RLConfig(iterations=12, tasks_per_iteration=16, group_size=4, lr=2e-4, shape="two-part"),
     evaluate=EvalConfig(tasks=200, shape="two-part"),
 )
+EPSILON_SWEEP = (0.003, 0.01, 0.03, 0.1, 0.3, 1.0)  # a real checkpoint's ε comes from a sweep on its episodes
+
+
+@dataclass(frozen=True)
+class AblatePreset:
+    """What `race ablate` runs, sized for where it runs; `left_out` names what a preset drops from the
+    full one (it is printed with the results)."""
+
+    name: str
+    config: PipelineConfig
+    seeds: tuple[int, ...] = ABLATE_SEEDS
+    arms: tuple[str, ...] = ARMS
+    input_tasks: int = ABLATE_INPUT_TASKS
+    epsilons: tuple[float, ...] = ()  # several: the sweep on the inputs chooses; none: config.cover.epsilon
+    bootstrap: AgentBootstrapConfig | None = None  # how a chat checkpoint is made a calculator policy
+    left_out: str = ""
+
+
+# A real chat checkpoint: bootstrapped by expert SFT, its own episodes as input, ε from the sweep.
+_REAL = PipelineConfig(
+    sft=SFTConfig(epochs=2, lr=5e-5, batch_size=8, warmup_steps=5, max_length=1024),
+    rl=RLConfig(iterations=12, tasks_per_iteration=16, group_size=4, lr=1e-5, shape="two-part"),
+    evaluate=EvalConfig(tasks=200, shape="two-part"),
+)
+PRESETS = {
+    # the project's own kinds policy (no --checkpoint): the README's ablation
+    "tiny": AblatePreset("tiny", ABLATE_CONFIG),
+    # a real checkpoint on a GPU: every arm, three SFT seeds
+    "gpu": AblatePreset("gpu", _REAL, input_tasks=256, epsilons=EPSILON_SWEEP,
+                        bootstrap=AgentBootstrapConfig(expert_tasks=1024)),
+    # a real checkpoint on this kind of 2-core CPU, inside 90 minutes from a fresh home
+    "cpu": AblatePreset(
+        "cpu", replace(_REAL, **{"rl.iterations": 4, "rl.tasks_per_iteration": 8, "evaluate.tasks": 64}),
+        seeds=(0,), input_tasks=64, epsilons=EPSILON_SWEEP, bootstrap=AgentBootstrapConfig(expert_tasks=256),
+        left_out="SFT seeds 1 and 2; 64 input tasks (not 256), 64 held-out tasks (not 200), 4 RL iterations of "
+                 "8 tasks (not 12 of 16), 256 expert episodes for the bootstrap (not 1024)"),
+}
+
+
+def preset_for(checkpoint: str, device: str) -> str:
+    """No checkpoint: `tiny`; a checkpoint: `gpu` on a CUDA device, else `cpu`."""
+    if not checkpoint:
+        return "tiny"
+    return "gpu" if device.startswith("cuda") else "cpu"
 
 
 def _metrics(evaluated: dict[str, Any], policy: PolicyRef | dict[str, Any]) -> dict[str, Any]:
@@ -42,44 +91,95 @@ def _metrics(evaluated: dict[str, Any], policy: PolicyRef | dict[str, Any]) -> d
             "turns_per_episode": m["turns_per_episode"], "policy_digest": PolicyRef.of(policy).digest}
 
 
+@task(name="bootstrap-agent", **RETRY, tags=["gpu"], cache_policy=NO_CACHE)
+def bootstrap_agent_task(store_url: str, checkpoint: str, config: AgentBootstrapConfig, resources: Resources
+                         ) -> dict[str, Any]:
+    """A chat checkpoint made a calculator policy (`tasks.agent_bootstrap`: the `bootstrap` stage)."""
+    from storage import ArtifactStore
+    from tasks.agent_bootstrap import agent_policy
+
+    logger = get_run_logger()
+    manifest = agent_policy(ArtifactStore(store_url), checkpoint, config, resources, log=logger.info)
+    check = manifest["metrics"]["check"]
+    logger.info("bootstrap (%s): %d of %d fresh on-policy episodes succeeded%s", config.recipe, check["succeeded"],
+                check["episodes"], " (cached)" if manifest["cached"] else "")
+    return manifest
+
+
+@task(name="epsilon-sweep", **RETRY, tags=["gpu"], cache_policy=NO_CACHE)
+def sweep_task(config: PipelineConfig, epsilons: tuple[float, ...], out: str, home: str) -> dict[str, Any]:
+    """The cover at every ε on the inputs (`tasks.sweep`: scores shared, each ε's cover stored under its
+    key), and the ε the run takes (`choose_epsilon`)."""
+    from tasks.sweep import choose_epsilon, run_sweep
+
+    logger = get_run_logger()
+    sweep = run_sweep(config, epsilons, out_dir=Path(out), home=Path(home), log=logger.info)
+    epsilon, why = choose_epsilon(sweep["rows"])
+    logger.info("epsilon %g: %s", epsilon, why)
+    rows = [{k: v for k, v in row.items() if k != "max_drops"} for row in sweep["rows"]]
+    return {"epsilon": epsilon, "why": why, "rows": rows, "table": str(Path(out) / "epsilon_sweep.md")}
+
+
 @flow(name="race-ablate", log_prints=True)
 def race_ablate(home: str = ".race", out: str = "runs/ablate", seeds: tuple[int, ...] = ABLATE_SEEDS,
-                input_tasks: int = ABLATE_INPUT_TASKS, config: PipelineConfig = ABLATE_CONFIG) -> dict[str, Any]:
-    """Five arms x `seeds` SFT runs, then cover-aware RL vs plain GRPO from each seed's RACE policy.
-    `config.checkpoint` / `config.inputs`, when given, replace the kinds bootstrap policy / its sampled
-    episodes (a smaller policy or other trajectories; the kinds are read from the reasoning text)."""
+                input_tasks: int = ABLATE_INPUT_TASKS, config: PipelineConfig = ABLATE_CONFIG,
+                bootstrap: AgentBootstrapConfig | None = None, epsilons: tuple[float, ...] = (),
+                arms: tuple[str, ...] = ARMS, preset: str = "", left_out: str = "") -> dict[str, Any]:
+    """The arms x `seeds` SFT runs, then cover-aware RL vs plain GRPO from each seed's RACE policy.
+
+    The policy: `config.checkpoint`, made a calculator policy first by `bootstrap` when given (a chat
+    checkpoint, `race_core.train.checkpoint_bootstrap`), else the kinds bootstrap policy. The inputs:
+    `config.inputs`, else the policy's own successful episodes of `input_tasks` two-part training
+    tasks. ε: with several `epsilons`, a sweep on the inputs chooses (`tasks.sweep.choose_epsilon`),
+    else the one given (`epsilons` or `config.cover.epsilon`)."""
     from tasks.ablation import write_ablation
 
     started = time.perf_counter()
-    store, resources, eps = str(Path(home) / "store"), config.resources, config.cover.epsilon
-    checkpoint = config.checkpoint or bootstrap_task(home, kinds=True)["checkpoint"]
-    base = PolicyRef.local(checkpoint)
+    store, resources = str(Path(home) / "store"), config.resources
+    manifests: list[dict[str, Any]] = []
+    booted = None
+    if config.checkpoint and bootstrap is not None:
+        booted = bootstrap_agent_task(store, config.checkpoint, bootstrap, resources)
+        manifests.append(booted)
+        base = PolicyRef.of(booted)
+    else:
+        base = PolicyRef.local(config.checkpoint or bootstrap_task(home, kinds=True)["checkpoint"])
+    checkpoint = base.local_path(ArtifactStore(store))
     paths = list(config.inputs) or [demo_inputs_task(checkpoint, home, 0, tasks=input_tasks, shape="two-part")["path"]]
+    chosen = {"epsilon": epsilons[0] if len(epsilons) == 1 else config.cover.epsilon, "why": "given"}
+    if len(epsilons) > 1:
+        chosen = sweep_task(replace(config, inputs=tuple(paths), checkpoint=checkpoint, store=store), tuple(epsilons),
+                            str(Path(out) / "epsilon-sweep"), home)
+    eps = chosen["epsilon"]
     ingested = t.ingest_task(store, paths, config.ingest)
-    manifests = [ingested]
+    manifests.append(ingested)
     t.validate_task(ingested, config.ingest)
     compressed: dict[str, dict[str, Any]] = {}
     for arm, local_only in COVER_ARMS.items():
-        decided = t.cover_task(store, ingested, base, replace(config.cover, local_only=local_only), resources)
-        compressed[arm] = t.compress_task(store, ingested, decided, base, eps)
-        manifests += [decided, compressed[arm]]
-    for arm in DERIVED_ARMS:
+        if arm == "race" or arm in arms:  # the other arms are made from the race arm's counts
+            decided = t.cover_task(store, ingested, base, replace(config.cover, epsilon=eps, local_only=local_only),
+                                   resources)
+            compressed[arm] = t.compress_task(store, ingested, decided, base, eps)
+            manifests += [decided, compressed[arm]]
+    for arm in (a for a in DERIVED_ARMS if a in arms):
         compressed[arm] = t.derived_arm_task(store, ingested, compressed["race"], arm, base, eps)
+        manifests.append(compressed[arm])
     before = t.evaluate_task(store, base, config.evaluate, resources, "before")
-    manifests += [before, *(compressed[arm] for arm in DERIVED_ARMS)]
-    arms: list[dict[str, Any]] = []
+    manifests.append(before)
+    results: list[dict[str, Any]] = []
     race_policies: dict[int, dict[str, Any]] = {}
-    for arm in ("none", "race", "local", "random", "all"):
+    for arm in (a for a in ARMS if a in arms):
         for seed in seeds:
             policy = t.sft_task(store, compressed[arm], base, replace(config.sft, seed=seed), resources)
             evaluated = t.evaluate_task(store, policy, config.evaluate, resources, f"{arm} seed {seed}")
             manifests += [policy, evaluated]
-            arms.append({"arm": arm, "seed": seed, **_metrics(evaluated, policy)})
+            results.append({"arm": arm, "seed": seed, **_metrics(evaluated, policy)})
             if arm == "race":
                 race_policies[seed] = policy
     every = max(1, config.rl.iterations // 4)
+    diagnostics: dict[str, list[dict[str, Any]]] = {}
     if config.rl.iterations:
-        for entry in (e for e in arms if e["arm"] == "race"):
+        for entry in (e for e in results if e["arm"] == "race"):
             for phase, cover_aware in (("rl", True), ("grpo", False)):
                 rl = replace(config.rl, seed=entry["seed"], cover_aware=cover_aware)
                 policy: Any = race_policies[entry["seed"]]
@@ -88,6 +188,8 @@ def race_ablate(home: str = ".race", out: str = "runs/ablate", seeds: tuple[int,
                     sampled = t.sample_task(store, policy, rl, resources, i)
                     policy = t.rl_task(store, policy, sampled, rl, eps, resources, i)
                     manifests += [sampled, policy]
+                    diagnostics.setdefault(f"{phase} seed {entry['seed']}", []).append(
+                        {"iteration": i + 1, **policy["metrics"]})
                     if (i + 1) % every == 0 or i + 1 == rl.iterations:
                         evaluated = t.evaluate_task(store, policy, config.evaluate, resources,
                                                     f"race+{phase} seed {entry['seed']} iteration {i + 1}")
@@ -95,23 +197,28 @@ def race_ablate(home: str = ".race", out: str = "runs/ablate", seeds: tuple[int,
                         curve.append({"iteration": i + 1, **_metrics(evaluated, policy)})
                 entry[phase] = {**curve[-1], "curve": curve, "moved_after": _moved_after(entry, curve)}
     result = {
-        "arms": arms,
+        "arms": results,
         "before": _metrics(before, base),
         "removed_by_kind": _removed_by_kind(store, ingested, compressed),
         "training": {arm: compressed[arm]["metrics"] for arm in compressed},
         "compressed": {arm: compressed[arm]["objects"]["compressed"] for arm in compressed},  # each arm's Parquet
+        "epsilon_choice": chosen,
+        "rl_diagnostics": diagnostics,  # per RL run, per iteration: loss terms, masked tokens, closure terms
         "computed": sum(not m["cached"] for m in manifests),  # stages computed by this run (0: all cached)
-        "run": {"command": f"race ablate --out {out}", "seeds": list(seeds), "epsilon": eps,
-                "policy_digest": base.digest, "inputs": paths, "store": store,
+        "run": {"command": f"race ablate --out {out}", "preset": preset, "left_out": left_out, "seeds": list(seeds),
+                "arms": list(arms),
+                "epsilon": eps, "policy_digest": base.digest, "inputs": paths, "store": store,
                 "rl_iterations": config.rl.iterations,
                 "rollouts_per_iteration": config.rl.tasks_per_iteration * config.rl.group_size,
                 "eval_tasks": config.evaluate.tasks, "wall_s": round(time.perf_counter() - started, 1)},
     }
+    if booted is not None:
+        result["bootstrap"] = {"source": config.checkpoint, "policy_digest": base.digest, **booted["metrics"]}
     written = write_ablation(out, result)
     create_markdown_artifact(key="race-ablation", markdown=written["report"].read_text(),
                              description=f"RACE ablation ({out})")
     create_table_artifact(key="race-ablation-arms", description="success and reasoning tokens per arm and seed",
-                          table=[{k: v for k, v in e.items() if k not in ("rl", "grpo")} for e in arms])
+                          table=[{k: v for k, v in e.items() if k not in ("rl", "grpo")} for e in results])
     return result
 
 

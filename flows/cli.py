@@ -27,8 +27,9 @@ import sys
 from pathlib import Path
 
 from deployments import NIGHTLY_CRON, SERVE_DEFAULTS
-from flows.ablate import ABLATE_CONFIG, ABLATE_INPUT_TASKS
+from flows.ablate import ABLATE_CONFIG, PRESETS
 from flows.options import add_config_options, config_from_args
+from race_core.ablation import ARMS
 from race_core.config import (
     COVER_STAGES,
     DEFAULT_EPSILON,
@@ -39,6 +40,7 @@ from race_core.config import (
     field_help,
     replace,
 )
+from race_core.train.checkpoint_bootstrap import RECIPES, AgentBootstrapConfig
 
 DEFAULT_HOME = Path(".race")
 COVER_SECTIONS = ("ingest", "cover", "resources")
@@ -80,13 +82,25 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_options(p, DEMO_CONFIG, top=(), sections=SECTIONS)
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("ablate", help="the method against its baselines: five arms x SFT seeds, then RL vs GRPO")
+    # conflict_handler: the generated single-valued --epsilon gives way to the one below, which takes several
+    p = sub.add_parser("ablate", help="the method against its baselines: five arms x SFT seeds, then RL vs GRPO",
+                       conflict_handler="resolve")
     p.add_argument("--home", default=str(DEFAULT_HOME), help="checkpoints, data and the store (cached)")
     p.add_argument("--out", default="runs/ablate", help="ablation.json, report.md and ablation.png land here")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="SFT (and RL) seeds, one run each")
-    p.add_argument("--input-tasks", type=int, default=ABLATE_INPUT_TASKS,
-                   help="two-part training tasks the policy plays for input (2 episodes each)")
-    add_config_options(p, ABLATE_CONFIG, top=(), sections=("cover", "resources", "sft", "rl", "evaluate"))
+    p.add_argument("--preset", choices=list(PRESETS), help="what runs, sized for where: tiny (the project's own "
+                   "policy; the default without --checkpoint), cpu or gpu (a checkpoint; picked by --device)")
+    add_config_options(p, ABLATE_CONFIG, top=("inputs", "checkpoint"),
+                       sections=("cover", "resources", "sft", "rl", "evaluate"))
+    p.add_argument("--seeds", type=int, nargs="+", help="SFT (and RL) seeds, one run each (default: the preset's)")
+    p.add_argument("--input-tasks", type=int,
+                   help="two-part training tasks the policy plays for input, 2 episodes each (default: the preset's)")
+    p.add_argument("--arms", nargs="+", choices=ARMS, help="the arms to run (default: the preset's; race always)")
+    p.add_argument("--epsilon", nargs="+", type=float, metavar="EPSILON", dest="epsilons",
+                   help="ε of the cover; several: a sweep on the inputs chooses one and says why (default: the "
+                        "preset's sweep for a checkpoint, 1e-3 for the tiny policy)")
+    p.add_argument("--recipe", choices=(*RECIPES, "none"),
+                   help="how --checkpoint is made a calculator policy first (race bootstrap); none: it plays as it "
+                        "is (default: expert-sft, or none when its tokenizer already carries the calculator prompt)")
     p.set_defaults(func=cmd_ablate)
 
     p = sub.add_parser("report", help="rebuild report.md, the plots and report.html from summary.json")
@@ -228,10 +242,26 @@ def cmd_demo(args) -> int:
 
 def cmd_ablate(args) -> int:
     _prefect_defaults()
-    from flows.ablate import race_ablate
+    from dataclasses import replace as replace_field
 
-    result = race_ablate(home=args.home, out=args.out, seeds=tuple(args.seeds), input_tasks=args.input_tasks,
-                         config=config_from_args(ABLATE_CONFIG, args))
+    from flows.ablate import PRESETS, preset_for, race_ablate
+    from tasks.agent_bootstrap import plays_calculator
+
+    given = config_from_args(ABLATE_CONFIG, args)
+    preset = PRESETS[args.preset or preset_for(given.checkpoint, given.resources.device)]
+    config = config_from_args(preset.config, args)
+    bootstrap = (preset.bootstrap or AgentBootstrapConfig()) if config.checkpoint else None
+    if args.recipe == "none" or (args.recipe is None and config.checkpoint and plays_calculator(config.checkpoint)):
+        bootstrap = None
+    elif args.recipe and bootstrap is not None:
+        bootstrap = replace_field(bootstrap, recipe=args.recipe)
+    arms = tuple(dict.fromkeys(["race", *args.arms])) if args.arms else preset.arms
+    print(f"race ablate: preset {preset.name}" + (f"; left out of the full preset: {preset.left_out}"
+                                                  if preset.left_out else ""), file=sys.stderr)
+    result = race_ablate(home=args.home, out=args.out, seeds=tuple(args.seeds or preset.seeds),
+                         input_tasks=args.input_tasks or preset.input_tasks, config=config, bootstrap=bootstrap,
+                         epsilons=tuple(args.epsilons or preset.epsilons), arms=arms, preset=preset.name,
+                         left_out=preset.left_out)
     print((Path(args.out) / "report.md").read_text())
     print(f"ablation: {Path(args.out) / 'ablation.json'} ({result['run']['wall_s']} s)")
     return 0

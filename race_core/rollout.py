@@ -308,6 +308,7 @@ def play_episodes(
     *,
     batch_size: int = 32,
     first_group: int = 0,
+    agent: AgentPrompt | None = None,
 ) -> list[Rollout]:
     """`run_rollouts` with an HFSampler over the in-memory `model` (on whatever device and dtype it
     was loaded with)."""
@@ -315,7 +316,7 @@ def play_episodes(
 
     renderer = Renderer(tokenizer)
     sampler = HFSampler(model, tokenizer, renderer=renderer, batch_size=batch_size)
-    return run_rollouts(sampler, renderer, tasks, group_size, params, max_turns, first_group)
+    return run_rollouts(sampler, renderer, tasks, group_size, params, max_turns, first_group, agent)
 
 
 def training_tasks(config: RLConfig, iteration: int) -> list[CalculatorTask]:

@@ -15,6 +15,7 @@ from typing import Any
 from race_core.ablation import ARMS, derived_removal, removed_by_kind
 from storage import ArtifactStore
 from storage.parquet import iter_rows_from_store
+from tasks.report import rl_table
 from tasks.report_html import write_page
 from tasks.stages import Log, _quiet, iter_trajectories, run_stage, write_compressed
 
@@ -130,6 +131,26 @@ def _cell(s: dict[str, float], pct: bool) -> str:
 def render_markdown(result: dict[str, Any], plot: str | None) -> str:
     lines = ["# RACE ablation", "", "| run | |", "|---|---|"]
     lines += [f"| {k} | `{v}` |" for k, v in result.get("run", {}).items()]
+    boot = result.get("bootstrap")
+    if boot:
+        check = boot["check"]
+        lines += ["", "## The policy", "",
+                  f"`{boot['source']}` made a calculator policy by `{boot['recipe']}` (actions as {boot['actions']}): "
+                  f"{check['succeeded']} of {check['episodes']} fresh on-policy episodes (temperature 1, training "
+                  f"tasks no round drew) succeeded; {check['well_formed_turns']} of {check['turns']} turns "
+                  "well-formed."]
+        lines += [f"- SFT on {r['trajectories']} {r['data']} trajectories"
+                  + (f" (round {r['round']}: {r['sampled']['succeeded']} of {r['sampled']['episodes']} sampled "
+                     "episodes succeeded)" if "round" in r else "")
+                  + (f": {r['steps']} steps, loss {r['first_loss']:.3f} -> {r['last_loss']:.3f}" if "steps" in r
+                     else ": nothing to train on") for r in boot["rounds"]]
+    choice = result.get("epsilon_choice")
+    if choice:
+        lines += ["", "## ε", "", f"ε = {choice['epsilon']:g}: {choice['why']}."]
+        if choice.get("rows"):
+            lines += ["", "| ε | removal share | reasoning kept |", "|---|---|---|"]
+            lines += [f"| {r['epsilon']:g} | {100 * r['removal_share']:.1f}% | {100 * r['kept_share']:.1f}% |"
+                      for r in choice["rows"]]
     summary = result["summary"]
     base = summary.get("none")
     lines += ["", "Held-out greedy evaluation; mean [min, max] over SFT seeds.", "",
@@ -179,6 +200,8 @@ def render_markdown(result: dict[str, Any], plot: str | None) -> str:
             points = ", ".join(f"{c['iteration']}: {100 * c['success_rate']:.1f} / {c['reasoning_tokens_per_episode']:.1f}"
                                for c in values.get("curve", []))
             lines.append(f"| {seed} | {phase} | {values.get('moved_after') or 'never'} | {points} |")
+    for run, iterations in result.get("rl_diagnostics", {}).items():
+        lines += ["", f"### RL diagnostics: {run}", "", *rl_table(iterations)]
     if plot:
         lines += ["", f"![success vs reasoning tokens]({plot})"]
     return "\n".join(lines) + "\n"

@@ -43,6 +43,8 @@ STAGE_SOURCES: dict[str, tuple[str, ...]] = {
     "rl": ("race_core/train/rl.py", "race_core/loss.py", "race_core/cover.py", "race_core/scoring/*.py",
            "race_core/rollout.py", *_RENDER, "tasks/training_stages.py"),
     "evaluate": ("race_core/evaluate.py", *_POLICY_LOOP, *_RENDER, "tasks/training_stages.py"),
+    "bootstrap": ("race_core/train/checkpoint_bootstrap.py", "race_core/train/sft.py", "race_core/loss.py",
+                  "race_core/envs/expert.py", *_POLICY_LOOP, *_RENDER, "tasks/agent_bootstrap.py"),
 }
 
 _MODEL_LIBRARIES = ("torch", "transformers", "tokenizers")
@@ -55,6 +57,7 @@ STAGE_LIBRARIES: dict[str, tuple[str, ...]] = {
     "sample": _MODEL_LIBRARIES,
     "rl": _MODEL_LIBRARIES,
     "evaluate": _MODEL_LIBRARIES,
+    "bootstrap": (*_MODEL_LIBRARIES, "peft"),
 }
 
 

@@ -126,6 +126,23 @@ def store_report(store: ArtifactStore, html: Path) -> str:
     return store.fs.unstrip_protocol(path)
 
 
+RL_COLUMNS = (  # (metric, heading, format): the card's diagnostics of a cover-aware update
+    ("success_rate", "rollouts succeeded", "{:.1%}"), ("loss", "loss", "{:.5f}"), ("actor_loss", "actor loss", "{:.5f}"),
+    ("closure_loss", "closure term", "{:.5f}"), ("closure_terms", "closure terms", "{}"),
+    ("policy_tokens", "policy tokens (denominator)", "{}"), ("masked_tokens", "masked reasoning tokens", "{}"),
+    ("total_turns", "turns", "{}"))
+
+
+def rl_table(iterations: list[dict[str, Any]]) -> list[str]:
+    """One row per RL iteration: its rollouts' success, the loss and its actor and closure parts, the
+    closure terms, the policy-token denominator N_policy and the masked reasoning tokens."""
+    lines = ["| iteration | " + " | ".join(h for _, h, _ in RL_COLUMNS) + " |", "|---" * (len(RL_COLUMNS) + 1) + "|"]
+    for k, metrics in enumerate(iterations):
+        cells = [fmt.format(metrics[key]) if metrics.get(key) is not None else "-" for key, _, fmt in RL_COLUMNS]
+        lines.append(f"| {metrics.get('iteration', k + 1)} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def render_markdown(summary: dict[str, Any], images: dict[str, str]) -> str:
     lines = ["# RACE run report", ""]
     run = summary.get("run", {})
@@ -152,6 +169,8 @@ def render_markdown(summary: dict[str, Any], images: dict[str, str]) -> str:
         lines += [f"| {STAGE_NAMES[s]} | {100 * evals[s]['success_rate']:.1f}% | "
                   f"{evals[s]['reasoning_tokens_per_episode']:.1f} |" for s in EVAL_STAGES if s in evals]
         lines.append("")
+    if summary.get("rl"):
+        lines += ["## RL updates", "", *rl_table(summary["rl"]), ""]
     stages = summary.get("stages", {})
     if stages:
         lines += ["## Stages", "", "| stage | cached | wall s |", "|---|---|---|"]

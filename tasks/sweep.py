@@ -205,3 +205,24 @@ def _log_axis(ax, values: list[float], linear_below: float) -> None:
         ax.set_xscale("log")
     else:
         ax.set_xscale("symlog", linthresh=linear_below)
+
+
+def choose_epsilon(rows: Sequence[dict[str, Any]]) -> tuple[float, str]:
+    """The ε a run takes from a sweep, and why (the plateau rule): on the removal share against ε,
+    the flattest step of the sweep once removals have started; its lower end. Between its two ε the
+    cover removes little more, so the reasoning no action needs is removed by the lower one, and
+    raising ε mostly buys removals that cost some action more (ties: the smaller ε). One ε: that one."""
+    rows = sorted(rows, key=lambda r: r["epsilon"])
+    if len(rows) == 1:
+        return rows[0]["epsilon"], "the only ε of the sweep"
+    steps = [(rows[k]["removal_share"] - rows[k - 1]["removal_share"], k) for k in range(1, len(rows))
+             if rows[k - 1]["removal_share"] > 0]
+    if not steps:
+        return rows[-1]["epsilon"], "no smaller ε of the sweep removed any reasoning"
+    gain, k = min(steps)
+    low, high = rows[k - 1], rows[k]
+    return low["epsilon"], (
+        f"ε {low['epsilon']:g} removes {100 * low['removal_share']:.1f}% of the candidate turns' reasoning; "
+        f"raising it to {high['epsilon']:g} removes only {100 * gain:.1f} points more, the flattest step of the "
+        f"sweep once removals start: the reasoning no later action needs is gone by ε {low['epsilon']:g}, and "
+        f"larger ε mostly remove reasoning that costs some action more")

@@ -119,7 +119,8 @@ def _keys(stage_names=tuple(fingerprints.STAGE_SOURCES)) -> dict[str, dict]:
 
 
 def test_every_stage_has_sources_and_they_all_exist():
-    assert set(fingerprints.STAGE_SOURCES) == {"ingest", "cover", "compress", "arm", "sft", "sample", "rl", "evaluate"}
+    assert set(fingerprints.STAGE_SOURCES) == {"ingest", "cover", "compress", "arm", "sft", "sample", "rl", "evaluate",
+                                               "bootstrap"}
     assert set(fingerprints.STAGE_LIBRARIES) == set(fingerprints.STAGE_SOURCES)
     keys = _keys()  # raises if a listed module is missing
     assert all(set(code) == {"source", "libraries"} for code in keys.values())
@@ -127,10 +128,11 @@ def test_every_stage_has_sources_and_they_all_exist():
 
 
 @pytest.mark.parametrize(("module", "changed"), [
-    ("race_core/train/sft.py", {"sft"}),
+    ("race_core/train/sft.py", {"sft", "bootstrap"}),
     ("race_core/cover.py", {"cover", "rl"}),
-    ("race_core/envs/calculator/environment.py", {"sample", "evaluate"}),
-    ("race_core/render.py", {"cover", "compress", "arm", "sft", "sample", "rl", "evaluate"}),
+    ("race_core/envs/calculator/environment.py", {"sample", "evaluate", "bootstrap"}),
+    ("race_core/render.py", {"cover", "compress", "arm", "sft", "sample", "rl", "evaluate", "bootstrap"}),
+    ("race_core/train/checkpoint_bootstrap.py", {"bootstrap"}),
     ("race_core/tiny.py", set()),
 ])
 def test_editing_a_module_changes_the_keys_of_the_stages_it_computes_and_no_other(source_copy, module, changed):

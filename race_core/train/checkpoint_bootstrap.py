@@ -10,8 +10,11 @@ the policy the same prompt), and it is trained until it plays, by one of two rec
   (system prompt, tools, tool calls where it takes them) and rendered with its tokenizer's own ids.
 - `expert-iteration`: rounds of sampling the current policy on training tasks, keeping the
   episodes the environment's private judge accepts (well-formed ones), and SFT of the policy on
-  them; the model's own episodes are its only data. A round that keeps nothing leaves the policy
-  as it is (and the report says so).
+  them; the model's own episodes are its only training data. While it samples, its system message
+  also shows `demonstrations` worked expert episodes as text (a chat model that has never seen the
+  format rarely writes it unprompted); the kept episodes are trained with the plain system message,
+  so the policy learns to play without them. A round that keeps nothing leaves the policy as it is
+  (and the report says so).
 
 Either way the policy is then measured as the method's card measures it: fresh on-policy episodes
 at temperature 1 on training tasks that no recipe round drew (`check_*`), success judged privately.
@@ -23,19 +26,21 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from race_core.config import SFTConfig
 from race_core.envs.calculator import AgentPrompt, generate_tasks
-from race_core.render import Renderer
+from race_core.render import ACTION_PREFIX, CLOSE_MARKER, OPEN_MARKER, Renderer
 from race_core.rollout import Rollout, play_episodes
 from race_core.sampling import SamplingParams
+from race_core.schema import Trajectory
 
 RECIPES = ("expert-sft", "expert-iteration")
 REPORT_FILE = "race_bootstrap.json"
 _CHECK_SEED_OFFSET = 7_777_777  # the check's tasks: a training seed no recipe round uses
+_DEMONSTRATION_SEED_OFFSET = 5_555_555  # the demonstrations' tasks: another
 
 Log = Callable[[str], None]
 
@@ -56,6 +61,7 @@ class AgentBootstrapConfig:
     expert_seed: int = 0  # expert-sft: which training tasks
     empty_reasoning_share: float = 0.3  # expert-sft: share of later turns without reasoning
     rounds: int = 3  # expert-iteration: sample -> keep -> SFT rounds
+    demonstrations: int = 1  # expert-iteration: worked expert episodes shown in the system message while sampling
     round_tasks: int = 64  # expert-iteration: training tasks sampled per round
     round_samples: int = 4  # expert-iteration: episodes per task and round
     temperature: float = 1.0  # expert-iteration and the check: sampling temperature
@@ -104,9 +110,31 @@ def _episode_figures(rollouts: list[Rollout]) -> dict[str, Any]:
             "reasoning_tokens_per_episode": sum(r.reasoning_token_count() for r in rollouts) / max(len(rollouts), 1)}
 
 
-def play(model, tokenizer, tasks, samples: int, config: AgentBootstrapConfig, seed: int) -> list[Rollout]:
+def play(model, tokenizer, tasks, samples: int, config: AgentBootstrapConfig, seed: int,
+         agent: AgentPrompt | None = None) -> list[Rollout]:
     params = SamplingParams(temperature=config.temperature, max_new_tokens=config.max_new_tokens, seed=seed)
-    return play_episodes(model, tokenizer, tasks, samples, params, config.max_turns)
+    return play_episodes(model, tokenizer, tasks, samples, params, config.max_turns, agent=agent)
+
+
+def demonstrated(agent: AgentPrompt, renderer: Renderer, config: AgentBootstrapConfig) -> AgentPrompt:
+    """`agent` whose system message also shows `config.demonstrations` expert episodes (of tasks of a
+    seed no round draws), each turn as the model would write it (`<think>...</think>`, then its
+    action in the agent's form) followed by the result."""
+    from race_core.envs.expert import expert_dataset
+
+    if not config.demonstrations:
+        return agent
+    shown = expert_dataset(config.demonstrations, config.seed + _DEMONSTRATION_SEED_OFFSET, config.difficulty,
+                           empty_reasoning_share=config.empty_reasoning_share,
+                           reasoning_kinds=config.reasoning_kinds, shape=config.shape)
+    blocks = []
+    for trajectory in (agent.dress(t) for t in shown):
+        lines = [f"Task: {trajectory.question}"]
+        for turn in trajectory.turns:
+            action = (renderer.call_text(turn.tool_calls) if turn.tool_calls else ACTION_PREFIX + turn.action_text)
+            lines += [f"{OPEN_MARKER}{turn.reasoning}{CLOSE_MARKER}{action}", f"Result: {turn.observation}"]
+        blocks.append("\n".join(lines))
+    return replace(agent, system=agent.system + "\n\nAn example of a whole task:\n" + "\n\n".join(blocks))
 
 
 def bootstrap_agent(model, tokenizer, config: AgentBootstrapConfig = AgentBootstrapConfig(), log: Log = _quiet
@@ -136,17 +164,22 @@ def bootstrap_agent(model, tokenizer, config: AgentBootstrapConfig = AgentBootst
     if config.recipe == "expert-sft":
         rounds.append({"data": "expert", **sft(dress_expert_trajectories(config, agent), "expert-sft")})
     else:
+        prompted = demonstrated(agent, Renderer(tokenizer), config)
         for k in range(config.rounds):
             seed = config.seed + 1000 * (k + 1)
             tasks = generate_tasks(config.round_tasks, seed, config.difficulty, split="train", shape=config.shape)
-            rollouts = play(model, tokenizer, tasks, config.round_samples, config, seed)
-            kept = list({t.id: t for r in rollouts if (t := r.to_trajectory()) is not None}.values())
+            rollouts = play(model, tokenizer, tasks, config.round_samples, config, seed, prompted)
+            kept: dict[str, Trajectory] = {}
+            for rollout in rollouts:
+                if (played := rollout.to_trajectory()) is not None:  # trained without the demonstrations
+                    trajectory = replace(played, system=agent.system, id="")
+                    kept[trajectory.id] = trajectory
             figures = _episode_figures(rollouts)
             log(f"bootstrap round {k + 1}/{config.rounds}: {figures['succeeded']}/{figures['episodes']} episodes "
                 f"succeeded, {len(kept)} kept")
             entry = {"data": "own", "round": k + 1, "sampled": figures, "trajectories": len(kept)}
             if kept:
-                entry.update(sft(kept, f"round {k + 1}"))
+                entry.update(sft(list(kept.values()), f"round {k + 1}"))
             rounds.append(entry)
     check_tasks = generate_tasks(config.check_tasks, config.seed + _CHECK_SEED_OFFSET, config.difficulty,
                                  split="train", shape=config.shape)

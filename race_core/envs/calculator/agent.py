@@ -93,7 +93,7 @@ class AgentPrompt:
         the form of its actions (for scripted expert episodes written with text actions)."""
         turns = tuple(replace(turn, action=self.action(turn.action)) if isinstance(turn.action, str) else turn
                       for turn in trajectory.turns)
-        return replace(trajectory, system=self.system, tools=self.tools, turns=turns)
+        return replace(trajectory, system=self.system, tools=self.tools, turns=turns, id="")  # a new id
 
 
 BARE = AgentPrompt()
