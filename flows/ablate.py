@@ -189,7 +189,7 @@ def race_ablate(home: str = ".race", out: str = "runs/ablate", seeds: tuple[int,
                     policy = t.rl_task(store, policy, sampled, rl, eps, resources, i)
                     manifests += [sampled, policy]
                     diagnostics.setdefault(f"{phase} seed {entry['seed']}", []).append(
-                        {"iteration": i + 1, **policy["metrics"]})
+                        {"iteration": i + 1, "rollouts_object": sampled["objects"]["rollouts"], **policy["metrics"]})
                     if (i + 1) % every == 0 or i + 1 == rl.iterations:
                         evaluated = t.evaluate_task(store, policy, config.evaluate, resources,
                                                     f"race+{phase} seed {entry['seed']} iteration {i + 1}")

@@ -6,6 +6,9 @@
 #      the cover scored by vLLM, every stage on cuda (issue 13), with its report in runs/gpu-check.
 #   4. scoring throughput on that model and data (issue 16): naive, full-forward, hf (with and without
 #      early rejection) and vllm on cuda against the same run's work bound, in runs/gpu-check/bench-scoring.json.
+#   5. the method's effect on that real model, the full GPU preset of `race ablate --checkpoint`: bootstrap
+#      (expert SFT), its own episodes, the ε sweep, five arms x three SFT seeds, cover-aware RL vs GRPO, in
+#      runs/gpu-check/ablate (ablation.json, report.md); every stage cached, so a rerun resumes.
 # Usage: scripts/gpu_check.sh [extra gpu_check.py options, e.g. --checkpoint DIR --out noise.json]
 # CPU smoke run of step 2 only: python scripts/gpu_check.py --device cpu --dtypes float32 --preset tiny
 set -euo pipefail
@@ -28,3 +31,9 @@ time "$PYTHON" -m flows.cli run --input "$OUT/react.jsonl" --checkpoint "$CKPT" 
 # 4. ε 0.7 gives mixed decisions on these 24 trajectories (16 of 36 removals accepted on CPU, float32).
 "$PYTHON" -m flows.cli bench scoring --checkpoint "$CKPT" --input "$OUT/react.jsonl" --device cuda --dtype float32 \
   --epsilon 0.7 --vllm on --repeats 3 --json "$OUT/bench-scoring.json"
+
+# 5. every stage on cuda; RACE_ABLATE=0 skips it (it is the long one: tens of minutes on one GPU).
+if [ "${RACE_ABLATE:-1}" = "1" ]; then
+  time "$PYTHON" -m flows.cli ablate --checkpoint "$CKPT" --device cuda --preset gpu --home "$OUT/ablate-home" \
+    --out "$OUT/ablate"
+fi

@@ -1,0 +1,99 @@
+"""`race ablate --checkpoint`: ε chosen from a sweep by the plateau rule, presets picked by where the
+run is, and the whole loop on a real instruct model (SmolLM2-135M-Instruct) at minimal size:
+bootstrap -> its own episodes -> sweep -> arms -> SFT -> RL vs GRPO -> evaluation, every stage
+stored, the RL diagnostics recorded, a rerun computing nothing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from flows.ablate import PRESETS, preset_for
+from tasks.sweep import choose_epsilon
+
+EPS = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
+
+
+def _rows(shares):
+    return [{"epsilon": e, "removal_share": s} for e, s in zip(EPS, shares, strict=True)]
+
+
+def test_the_sweep_takes_the_lower_end_of_its_flattest_step_once_removals_start():
+    # steps after removals start: 0.01->0.03 +0.40, 0.03->0.1 +0.10, 0.1->0.3 +0.02, 0.3->1 +0.28
+    epsilon, why = choose_epsilon(_rows([0.0, 0.0, 0.1, 0.5, 0.6, 0.62, 0.9]))
+    assert epsilon == 0.1
+    assert "60.0%" in why and "2.0 points" in why and "0.3" in why
+    # a flat start where nothing is removed is not a plateau
+    assert choose_epsilon(_rows([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.4]))[0] == 1.0
+    # ties: the smaller ε; the order rows come in does not matter
+    assert choose_epsilon(list(reversed(_rows([0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]))))[0] == 0.001
+    assert choose_epsilon([{"epsilon": 0.05, "removal_share": 0.3}]) == (0.05, "the only ε of the sweep")
+
+
+def test_a_checkpoint_picks_the_cpu_or_gpu_preset_and_the_cpu_one_names_what_it_leaves_out():
+    assert preset_for("", "cpu") == "tiny" and preset_for("", "cuda") == "tiny"
+    assert preset_for("ckpt", "cpu") == "cpu" and preset_for("ckpt", "cuda:1") == "gpu"
+    cpu, gpu = PRESETS["cpu"], PRESETS["gpu"]
+    assert len(cpu.epsilons) > 1 and cpu.epsilons == gpu.epsilons and cpu.bootstrap and gpu.bootstrap
+    assert cpu.left_out and not gpu.left_out and set(cpu.seeds) < set(gpu.seeds)
+    assert cpu.config.evaluate.tasks < gpu.config.evaluate.tasks
+
+
+@pytest.mark.slow
+def test_the_whole_loop_runs_on_a_real_instruct_model(prefect_harness, smollm2_checkpoint, tmp_path):
+    """SmolLM2-135M-Instruct at minimal size (a few tasks and steps): the numbers are not the point,
+    the stages' outputs and the RL diagnostics are, each checked against the stored rollouts."""
+    from flows.ablate import race_ablate
+    from race_core.config import CoverConfig, EvalConfig, PipelineConfig, RLConfig, SFTConfig
+    from race_core.envs.calculator import AgentPrompt
+    from race_core.policy import load_tokenizer
+    from race_core.render import Renderer
+    from race_core.rollout import rollouts_from_json
+    from race_core.train.checkpoint_bootstrap import AgentBootstrapConfig
+    from storage import ArtifactStore
+
+    config = PipelineConfig(
+        checkpoint=str(smollm2_checkpoint), cover=CoverConfig(epsilon=0.1),
+        sft=SFTConfig(steps=2, batch_size=4, lr=5e-5, max_length=1024),
+        rl=RLConfig(iterations=1, tasks_per_iteration=2, group_size=2, max_turns=6, max_new_tokens=80, lr=1e-5,
+                    shape="two-part"),
+        evaluate=EvalConfig(tasks=4, shape="two-part", max_turns=6, max_new_tokens=80))
+    bootstrap = AgentBootstrapConfig(expert_tasks=24, check_tasks=2, check_samples=2, max_turns=6, max_new_tokens=80,
+                                     sft=SFTConfig(lr=2e-4, steps=12, batch_size=4, warmup_steps=2, max_length=1024))
+    home, out = tmp_path / "home", tmp_path / "out"
+    run = dict(home=str(home), out=str(out), seeds=(0,), input_tasks=4, config=config, bootstrap=bootstrap,
+               epsilons=(0.03, 0.3), arms=("none", "race"), preset="test")
+    result = race_ablate(**run)
+
+    boot = result["bootstrap"]
+    assert boot["actions"] == "text" and boot["check"]["episodes"] == 4
+    trained = boot["rounds"][0]
+    assert trained["data"] == "expert" and trained["steps"] == 12 and trained["last_loss"] < trained["first_loss"]
+    store = ArtifactStore(str(home / "store"))
+    episodes = [json.loads(line) for line in open(result["run"]["inputs"][0])]
+    expected_prompt = AgentPrompt.for_renderer(Renderer(load_tokenizer(smollm2_checkpoint)))
+    assert all(e["system"] == expected_prompt.system for e in episodes)  # the policy's own, in its format
+    assert result["epsilon_choice"]["epsilon"] in (0.03, 0.3) and result["epsilon_choice"]["why"]
+    assert [(e["arm"], e["seed"]) for e in result["arms"]] == [("none", 0), ("race", 0)]
+    for entry in result["arms"]:
+        assert entry["success_rate"] * 4 == round(entry["success_rate"] * 4)  # 4 held-out episodes
+    race = next(e for e in result["arms"] if e["arm"] == "race")
+    assert set(race) >= {"rl", "grpo"}
+
+    diagnostics = result["rl_diagnostics"]
+    assert set(diagnostics) == {"rl seed 0", "grpo seed 0"}
+    for name, (metrics,) in diagnostics.items():  # one iteration each, checked against its stored rollouts
+        rollouts = rollouts_from_json(store.get_bytes(metrics["rollouts_object"]).decode())
+        assert metrics["rollouts"] == len(rollouts) == 4
+        assert metrics["policy_tokens"] == sum(sum(r.policy_mask) for r in rollouts) > 0
+        assert metrics["total_turns"] == sum(len(r.turns) for r in rollouts)
+        assert metrics["success_rate"] == sum(r.success for r in rollouts) / 4
+        reasoning_of_successes = sum(r.reasoning_token_count() for r in rollouts if r.success)
+        assert 0 <= metrics["masked_tokens"] <= reasoning_of_successes
+        assert metrics["closure_terms"] <= sum(len(r.turns) - 1 for r in rollouts if r.success)
+        if name.startswith("grpo"):
+            assert metrics["masked_tokens"] == metrics["closure_terms"] == 0
+    again = race_ablate(**run)
+    assert again["computed"] == 0 and again["arms"] == result["arms"]
+    assert (out / "report.md").read_text().count("RL diagnostics") == 2
