@@ -3,7 +3,7 @@
 `--executor ray --ray-address ADDR` connects this process (the stage, inside its Prefect task: Prefect
 still orchestrates the run) to the Ray cluster at ADDR (none: a Ray of this machine) and starts
 `resources.ray_actors` actors (0: one per GPU of the cluster, each with `num_gpus=1`; on CPU one per
-node, spread). Each actor rebuilds the job from its kind and spec (`tasks.units.job_from_spec`: the
+node, spread, each with the CPUs of the smallest node: `_placement`). Each actor rebuilds the job from its kind and spec (`tasks.units.job_from_spec`: the
 installed package, the store URL, the model as a checkpoint object of the store fetched once per
 host) and keeps one worker, so its model stays loaded across the units it is given. A unit reads
 only its own rows and commits its manifest create-if-absent, as in one process.
@@ -53,16 +53,28 @@ class UnitActor:
         self.worker = self.job.worker(ArtifactStore(store), device, print)
 
     def ready(self) -> str:
-        return self.where
+        import ray
+
+        return f"{self.where} (node {ray.get_runtime_context().get_node_id()})"
 
     def do(self, unit: Unit, force: bool) -> dict[str, Any]:
         return {**self.worker.do(unit, force), "worker": self.where}
 
 
-def _devices(ray: Any, gpu: bool) -> int:
+def _cpu_nodes(ray: Any) -> list[int]:
+    """The CPU counts of the cluster's live nodes that have any."""
+    return [int(node["Resources"]["CPU"]) for node in ray.nodes()
+            if node["Alive"] and node["Resources"].get("CPU", 0) >= 1]
+
+
+def _placement(ray: Any, gpu: bool) -> tuple[int, dict[str, Any]]:
+    """(actors, resources of one): one per GPU; on CPU one per node, each taking as many CPUs as the
+    smallest node has, so it computes with the threads one process of that node would use (CPU
+    kernels' float sums depend on their thread count)."""
     if gpu:
-        return int(ray.cluster_resources().get("GPU", 0))
-    return sum(1 for node in ray.nodes() if node["Alive"] and node["Resources"].get("CPU", 0) >= 1)
+        return int(ray.cluster_resources().get("GPU", 0)), {"num_gpus": 1}
+    nodes = _cpu_nodes(ray)
+    return len(nodes), {"num_cpus": min(nodes, default=1)}
 
 
 class RayExecutor:
@@ -74,12 +86,12 @@ class RayExecutor:
         if not ray.is_initialized():
             ray.init(address=resources.ray_address or None, log_to_driver=True)
         gpu = resources.device.startswith("cuda")
-        actors = resources.ray_actors or _devices(ray, gpu)
+        devices, each = _placement(ray, gpu)
+        actors = resources.ray_actors or devices
         if actors < 1:
             raise UnitsFailed(f"{job.what}: the Ray cluster {resources.ray_address or '(this machine)'} has no "
-                              f"{'GPU' if gpu else 'node with a CPU'} free for an actor")
-        remote = ray.remote(UnitActor).options(
-            **({"num_gpus": 1} if gpu else {"num_cpus": 1}), scheduling_strategy="SPREAD", max_restarts=0)
+                              f"{'GPU' if gpu else 'node with a CPU'} for an actor")
+        remote = ray.remote(UnitActor).options(**each, scheduling_strategy="SPREAD", max_restarts=0)
         spec = job.portable(store).spec()
 
         def start() -> Any:
