@@ -417,7 +417,10 @@ def _score_and_commit(store: ArtifactStore, key: str, shard: Shard, trajectories
     fresh = [t for t in trajectories if t.id not in reuse.where]
     work.progress.skip(len(trajectories) - len(fresh))
     refused_now = _Rows()
+    began, loaded = time.perf_counter(), work.load_s
     scored, tokens = work.score(fresh, refused_now) if fresh else ([], 0)
+    load_s = work.load_s - loaded
+    score_s = time.perf_counter() - began - load_s
     decided_now: dict[str, list[Any]] = {}
     for row in scored:
         decided_now.setdefault(row["trajectory_id"], []).append(row)
@@ -451,7 +454,7 @@ def _score_and_commit(store: ArtifactStore, key: str, shard: Shard, trajectories
                "kv_bytes_peak": stats.kv_bytes_peak if stats else 0, "kv_evictions": stats.evictions if stats else 0,
                "context_tokens": work.limit if work.scorer is not None else earlier.get("context_tokens"),
                "render_mode": work.ctx.render_mode if work.ctx is not None else earlier.get("render_mode"),
-               "read_bytes": read_bytes}
+               "read_bytes": read_bytes, "load_s": round(load_s, 3), "score_s": round(score_s, 3)}
     record = {"stage": SHARD_STAGE, "key": key, "trajectory_ids": list(shard.ids), "objects": objects,
               "object_sizes": sizes, "metrics": metrics, **unit_provenance(device)}
     return commit_record(store, manifest_record(key), record, force), metrics["reused"]

@@ -3,10 +3,11 @@
 `--executor ray --ray-address ADDR` connects this process (the stage, inside its Prefect task: Prefect
 still orchestrates the run) to the Ray cluster at ADDR (none: a Ray of this machine) and starts
 `resources.ray_actors` actors (0: one per GPU of the cluster, each with `num_gpus=1`; on CPU one per
-node, spread, each with the CPUs of the smallest node: `_placement`). Each actor rebuilds the job from its kind and spec (`tasks.units.job_from_spec`: the
-installed package, the store URL, the model as a checkpoint object of the store fetched once per
-host) and keeps one worker, so its model stays loaded across the units it is given. A unit reads
-only its own rows and commits its manifest create-if-absent, as in one process.
+node, spread, each with the CPUs of the smallest node: `_placement`). Each actor rebuilds the job
+from its kind and spec (`tasks.units.job_from_spec`: the installed package, the store URL, the model
+as a checkpoint object of the store fetched once per host) and keeps one worker, so its model stays
+loaded across the units it is given. A unit reads only its own rows and commits its manifest
+create-if-absent, as in one process.
 
 Failures: a unit that raises is retried by Ray on its actor (`max_task_retries` with
 `retry_exceptions`); an actor that dies (its node removed, its process killed) loses its unit, which
@@ -67,14 +68,16 @@ def _cpu_nodes(ray: Any) -> list[int]:
             if node["Alive"] and node["Resources"].get("CPU", 0) >= 1]
 
 
-def _placement(ray: Any, gpu: bool) -> tuple[int, dict[str, Any]]:
-    """(actors, resources of one): one per GPU; on CPU one per node, each taking as many CPUs as the
-    smallest node has, so it computes with the threads one process of that node would use (CPU
-    kernels' float sums depend on their thread count)."""
+def _placement(ray: Any, gpu: bool, wanted: int) -> tuple[int, dict[str, Any]]:
+    """(actors, resources of one): `wanted` actors, or one per GPU (`num_gpus=1`); on CPU one per node,
+    each with the CPUs of the smallest node (or an even share of them when more actors are wanted
+    than nodes), so that it computes with the threads one process of its node would (CPU kernels'
+    float sums depend on their thread count)."""
     if gpu:
-        return int(ray.cluster_resources().get("GPU", 0)), {"num_gpus": 1}
+        return wanted or int(ray.cluster_resources().get("GPU", 0)), {"num_gpus": 1}
     nodes = _cpu_nodes(ray)
-    return len(nodes), {"num_cpus": min(nodes, default=1)}
+    actors = wanted or len(nodes)
+    return actors, {"num_cpus": max(1, min(min(nodes, default=1), sum(nodes) // max(actors, 1)))}
 
 
 class RayExecutor:
@@ -86,8 +89,7 @@ class RayExecutor:
         if not ray.is_initialized():
             ray.init(address=resources.ray_address or None, log_to_driver=True)
         gpu = resources.device.startswith("cuda")
-        devices, each = _placement(ray, gpu)
-        actors = resources.ray_actors or devices
+        actors, each = _placement(ray, gpu, resources.ray_actors)
         if actors < 1:
             raise UnitsFailed(f"{job.what}: the Ray cluster {resources.ray_address or '(this machine)'} has no "
                               f"{'GPU' if gpu else 'node with a CPU'} for an actor")
