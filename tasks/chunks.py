@@ -21,19 +21,11 @@ from typing import Any
 from race_core.config import Resources, RLConfig, from_dict
 from race_core.envs.calculator import ENV_REVISION
 from storage import ArtifactStore, stage_key
+from tasks import units
 from tasks.base import _rl_keyed
 from tasks.fingerprints import stage_code
 from tasks.policy_ref import PolicyRef
-from tasks.units import (
-    Log,
-    Unit,
-    UnitJob,
-    UnitWorker,
-    check_same_scope,
-    commit_record,
-    unit_provenance,
-    usable,
-)
+from tasks.units import Log, Unit, UnitJob, UnitWorker
 
 CHUNK_STAGE = "sample-chunk"
 
@@ -56,7 +48,7 @@ def chunk_record(scope: str, chunk: int) -> str:
 
 
 def chunk_committed(store: ArtifactStore, scope: str, chunk: int) -> dict[str, Any] | None:
-    return usable(store, chunk_record(scope, chunk))
+    return units.usable(store, chunk_record(scope, chunk))
 
 
 @dataclass
@@ -86,7 +78,7 @@ class SampleJob(UnitJob):
         job = cls(PolicyRef(**spec["policy"]), from_dict(RLConfig, spec["config"]),
                   from_dict(Resources, spec["resources"]), int(spec["iteration"]), spec["scope"],
                   PolicyRef(**source) if source else None)
-        check_same_scope("chunk", sample_scope(job.policy, job.config, job.resources, job.iteration), job.scope)
+        units.check_same_scope("chunk", sample_scope(job.policy, job.config, job.resources, job.iteration), job.scope)
         return job
 
     def portable(self, store: ArtifactStore) -> SampleJob:
@@ -130,8 +122,8 @@ class SampleWorker(UnitWorker):
                   "tasks": list(self.ranges[chunk]), "objects": {"rollouts": digest},
                   "object_sizes": {digest: len(data)},
                   "metrics": {"rollouts": len(rollouts), "successes": sum(r.success for r in rollouts)},
-                  **unit_provenance(self.device)}
-        ours = commit_record(self.store, chunk_record(job.scope, chunk), record, force)
+                  **units.unit_provenance(self.device)}
+        ours = units.commit_record(self.store, chunk_record(job.scope, chunk), record, force)
         start, stop = self.ranges[chunk]
         self.log(f"sample: chunk {chunk} (tasks {start}-{stop - 1}, {record['metrics']['successes']}/{len(rollouts)} "
                  f"succeeded) " + ("committed" if ours else "was committed by another run meanwhile; this copy is dropped"))

@@ -358,6 +358,9 @@ class CoverJob(UnitJob):
     def size(self, unit: Unit) -> int:
         return len(unit["ids"])
 
+    def units_per_process(self, resources: Resources) -> int:
+        return resources.pool_shards
+
     def worker(self, store: ArtifactStore, device: str, log: Log, publish: Callable[[Any], None] | None = None,
                planned: list[Unit] | None = None) -> CoverWorker:
         return CoverWorker(self, store, device, log, publish, planned)

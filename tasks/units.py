@@ -83,6 +83,10 @@ class UnitJob(ABC):
     def index(self, unit: Unit) -> int:
         return int(unit["index"])
 
+    def units_per_process(self, resources: Any) -> int:
+        """Units given together to a process that starts for them (a pool's child run)."""
+        return 1
+
     def size(self, unit: Unit) -> int:
         """The unit's weight in progress figures (trajectories for the cover)."""
         return 1

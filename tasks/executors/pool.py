@@ -1,7 +1,7 @@
 """The pool executor: a stage's units as child flow runs on a Prefect work pool (DESIGN §8 scale-out).
 
 `PoolExecutor.run` (the parent: a cover or sample stage whose resources name the pool) cuts the
-units into groups (`resources.pool_shards` units per child run for the cover, one otherwise) and
+units into groups (`UnitJob.units_per_process`: `resources.pool_shards` for the cover, else one) and
 submits each group as a child flow run of `race-units/<pool>` (`flows.shard`, deployed by `race
 serve`), which a `race worker` of the pool runs on its device. The child rebuilds the job from its
 kind and spec (`tasks.units.job_from_spec`): the installed package, the store URL and digests, no
@@ -127,7 +127,7 @@ class PoolExecutor:
             raise ValueError("parameter 'resources.pool': the pool executor needs a work pool (--pool NAME)")
         _check_deployment(resources.pool)
         portable = job.portable(store)
-        per_run = resources.pool_shards if job.kind == "cover-shard" else 1
+        per_run = job.units_per_process(resources)
         shared = {"store": store.url, "kind": job.kind, "spec": portable.spec(), "force": force}
         _Watch(job, store, resources, shared, log, force, on_progress).run(
             [_Group(todo[i:i + per_run]) for i in range(0, len(todo), max(per_run, 1))])
