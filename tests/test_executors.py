@@ -83,7 +83,8 @@ def test_the_executor_is_chosen_by_name():
 def test_stages_know_nothing_of_prefect_nor_of_their_executor(module):
     text = (REPO / module).read_text()
     assert not re.search(r"^\s*(from|import) prefect", text, re.M)
-    assert "resources.pool" not in text and "executor ==" not in text and "tasks.executors.pool" not in text
+    assert not re.search(r"resources\.(pool|executor|ray_address)\b", text)  # no branch on where units run
+    assert "tasks.executors." not in text
 
 
 def test_the_local_executor_does_each_unit_with_one_worker(smoke_policy, tmp_path, monkeypatch):
@@ -104,3 +105,19 @@ def test_the_local_executor_does_each_unit_with_one_worker(smoke_policy, tmp_pat
     monkeypatch.setattr(PolicyRef, "load", counted)
     LocalExecutor().run(job, [{"index": 0}, {"index": 1}], store, Resources(), print)
     assert len(loads) == 1 and all(chunk_committed(store, job.scope, c) for c in (0, 1))
+
+
+def test_every_stage_is_declared_once_and_its_declaration_is_what_the_pipeline_reads():
+    from flows.run import NEEDS
+    from race_core.config import STAGES as NAMES
+    from tasks import fingerprints, pipeline_tasks
+    from tasks.declarations import STAGES
+
+    assert set(NAMES) <= set(STAGES)  # every stage a run can select (arm: the ablation's)
+    for name, stage in STAGES.items():
+        assert callable(stage.function()) and NEEDS[name] == stage.needs
+        if stage.key is not None:
+            assert fingerprints.STAGE_SOURCES[name] == stage.key.sources
+        options = pipeline_tasks.stage_options(name)
+        assert options["name"] == name and ("gpu" in options["tags"]) == stage.gpu
+    assert pipeline_tasks.cover_task.tags == {"gpu"} and pipeline_tasks.validate_task.retries == 0
