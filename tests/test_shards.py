@@ -194,12 +194,16 @@ def test_a_shard_plan_keyed_by_content_not_position(ingested):
         shards.plan_shards(store, trajectories, 0)
 
 
-def test_race_worker_is_a_process_worker_of_the_pool_on_its_device():
+def test_race_worker_is_a_process_worker_of_the_pool_on_its_device(tmp_path, monkeypatch):
     from flows.worker_cli import worker_command
 
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RACE_CHECKPOINT_CACHE", raising=False)
     argv, env = worker_command("race-gpu", "cuda:1", name="w1")
     assert argv[1:] == ["-m", "prefect", "worker", "start", "--pool", "race-gpu", "--type", "process",
                         "--limit", "1", "--name", "w1"]
     assert env["RACE_DEVICE"] == "cuda:1"
+    # child runs start in temporary folders: the checkpoint cache is the worker's folder's, absolute
+    assert env["RACE_CHECKPOINT_CACHE"] == str(tmp_path / ".race" / "cache" / "checkpoints")
     with pytest.raises(ValueError, match="--device"):
         worker_command("race-gpu", "gpu1")
