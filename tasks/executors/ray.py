@@ -5,7 +5,8 @@ still orchestrates the run) to the Ray cluster at ADDR (none: a Ray of this mach
 `resources.ray_actors` actors (0: one per GPU of the cluster, each with `num_gpus=1`; on CPU one per
 node, spread, each with the CPUs of the smallest node: `_placement`). Each actor rebuilds the job
 from its kind and spec (`tasks.units.job_from_spec`: the installed package, the store URL, the model
-as a checkpoint object of the store fetched once per host) and keeps one worker, so its model stays
+as a checkpoint object of the store fetched once per host, into `RACE_CHECKPOINT_CACHE` or else
+`race-cache/checkpoints` in the host's temporary folder) and keeps one worker, so its model stays
 loaded across the units it is given. A unit reads only its own rows and commits its manifest
 create-if-absent, as in one process.
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import os
 import socket
+import tempfile
 import time
 from collections import deque
 from collections.abc import Callable
@@ -47,8 +49,11 @@ class UnitActor:
 
     def __init__(self, store: str, kind: str, spec: dict[str, Any], device: str):
         from storage import ArtifactStore
+        from tasks.policy_ref import CACHE_ENV
         from tasks.units import job_from_spec
 
+        # an actor's folder is Ray's choice: the fetched model goes to one cache per host
+        os.environ.setdefault(CACHE_ENV, os.path.join(tempfile.gettempdir(), "race-cache", "checkpoints"))
         self.job = job_from_spec(kind, spec)
         self.where = f"{socket.gethostname()}:{os.getpid()}"
         self.worker = self.job.worker(ArtifactStore(store), device, print)
