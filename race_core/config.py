@@ -103,7 +103,7 @@ class Resources:
     pool: str = ""  # Prefect work pool whose workers score the cover's shards and sample chunks ("": this process)
     pool_shards: int = 4  # shards per child flow run on the pool
     lease_timeout: float = 60.0  # seconds a pool worker may go silent before its shards are submitted again
-    pickup_timeout: float = 600.0  # seconds child runs may wait with no pool worker taking any before the run fails
+    pickup_timeout: float = 600.0  # seconds child runs may wait, none taken and no pool worker online, before the run fails
     ray_address: str = ""  # Ray cluster for --executor ray: HOST:6379 or ray://HOST:10001 ("": a Ray of this machine)
     ray_actors: int = 0  # Ray actors, one model each (0: one per GPU of the cluster; on CPU one per node)
 

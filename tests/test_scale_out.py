@@ -251,8 +251,10 @@ def test_a_run_spread_over_two_workers_decides_as_one_process(loopback, baseline
     manifests = [store.read_manifest(SHARD_STAGE, k) for k in keys]
     writers = {m["created_by"] for m in manifests}
     assert len(writers) == 4 and str(run_pid) not in {w.split(":")[1] for w in writers}
-    trajectories = _ingested(store)
-    assert all(0 < m["metrics"]["read_bytes"] <= store.fs.size(store.object_path(trajectories)) for m in manifests)
+    # each read its rows alone: on this 8-row object (one row group) that is the reader's first look at
+    # the file's end (which holds all of it) and the row group (tests/test_shards.py: a larger one)
+    size = store.fs.size(store.object_path(_ingested(store)))
+    assert all(0 < m["metrics"]["read_bytes"] <= 2 * size for m in manifests), [m["metrics"] for m in manifests]
     print(f"pool run: {wall:.1f} s wall, shards written by {sorted(writers)}")
 
 
@@ -483,7 +485,8 @@ def test_child_runs_no_worker_takes_fail_the_run_saying_so(parent_side, tmp_path
     prepare_pool("race-idle", log=print)
     started = time.monotonic()
     with pytest.raises(UnitsFailed, match=r"no worker of pool 'race-idle' took any of 3 waiting child run\(s\) in "
-                                          r"\d+ s \(resources.pickup_timeout\): start `race worker --pool race-idle"):
+                                          r"\d+ s \(resources.pickup_timeout\), and none is online: start `race "
+                                          r"worker --pool race-idle"):
         PoolExecutor().run(NoteJob("idle"), [{"index": i} for i in range(3)], ArtifactStore(tmp_path / "store"),
                            Resources(pool="race-idle", pickup_timeout=6), print)
     assert time.monotonic() - started < 60

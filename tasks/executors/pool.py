@@ -11,9 +11,10 @@ parent watches until every unit is committed, then its stage merges them.
 
 Watching: the parent reads its pending children's states in pages (`PAGE` runs per request; the
 server answers at most that many at once). A child run still Scheduled or Late is waiting for a
-free worker, which is not silence; but when no child has been running or pending for
-`resources.pickup_timeout` seconds while some wait, no worker is taking them: the waiting ones are
-cancelled and the stage fails saying so (`UnitsFailed`).
+free worker, which is not silence, as long as the pool has a worker online (busy with other runs'
+children, say); but when for `resources.pickup_timeout` seconds none of the stage's children has
+been taken and no worker of the pool is online, the waiting ones are cancelled and the stage fails
+saying that no worker took them (`UnitsFailed`).
 
 A worker that dies takes its child run with it, and Prefect still shows that run as running. So
 the child keeps a lease: `leases/<flow run id>.json` in the store, rewritten every
@@ -196,7 +197,7 @@ class _Watch:
                     if not group.units:
                         pending.remove(group)
                         ended = True
-                if ended or not all(g.waiting for g in pending):
+                if ended or not all(g.waiting for g in pending) or self.workers_online(client):
                     taken = time.monotonic()
                 elif pending and time.monotonic() - taken > self.resources.pickup_timeout:
                     self.give_up(client, pending, time.monotonic() - taken)
@@ -210,6 +211,13 @@ class _Watch:
                          f"{self.pool!r} after {round(said - started)} s"
                          + (f"; {figures.summary()}" if figures is not None else ""))
 
+    def workers_online(self, client: Any) -> bool:
+        """Whether the pool has a worker that the server hears from (busy with other runs' children, say)."""
+        from prefect.client.schemas.filters import WorkerFilter, WorkerFilterStatus
+
+        return bool(client.read_workers_for_work_pool(
+            self.pool, worker_filter=WorkerFilter(status=WorkerFilterStatus(any_=["ONLINE"])), limit=1))
+
     def give_up(self, client: Any, waiting: list[_Group], idle_s: float) -> None:
         """No worker took a child run for `pickup_timeout`: cancel the waiting ones and fail."""
         from prefect.states import Cancelled
@@ -220,8 +228,9 @@ class _Watch:
             except Exception:  # noqa: BLE001 - the error below is what matters
                 pass
         raise UnitsFailed(f"{self.job.what}: no worker of pool {self.pool!r} took any of {len(waiting)} waiting child "
-                          f"run(s) in {round(idle_s)} s (resources.pickup_timeout): start `race worker --pool "
-                          f"{self.pool} --device DEVICE` on a host that reaches the Prefect server and the store")
+                          f"run(s) in {round(idle_s)} s (resources.pickup_timeout), and none is online: start "
+                          f"`race worker --pool {self.pool} --device DEVICE` on a host that reaches the Prefect "
+                          "server and the store")
 
     def watch(self, client: Any, group: _Group, state: Any) -> None:
         """One look at a group's child run: resubmit what a failed, crashed, lost or silent run left
