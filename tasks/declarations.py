@@ -57,7 +57,7 @@ DECLARED: tuple[Stage, ...] = (
     Stage("cover", ("ingest",),
           StageKey(("race_core/cover.py", "race_core/scoring/*.py", "race_core/vllm_engine.py",
                     "race_core/decisions.py", *_RENDER, "storage/parquet.py", "tasks/stages.py", "tasks/shards.py",
-                    "tasks/base.py"), _MODEL_LIBRARIES),
+                    "tasks/cover_scoring.py", "tasks/rows.py", "tasks/base.py"), _MODEL_LIBRARIES),
           "tasks.stages:cover", ("decisions", "rejects"), gpu=True),
     Stage("compress", ("ingest", "cover"),
           StageKey(("race_core/decisions.py", *_RENDER, "storage/parquet.py", "tasks/stages.py"), _TOKENS),

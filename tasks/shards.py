@@ -11,7 +11,7 @@ finds it present and drops its own copy, so no shard is ever scored twice into t
 
 `CoverJob` is the cover's `tasks.units.UnitJob`: a unit is one shard ({index, start, ids, reuse}),
 and a worker reads only that shard's rows of the trajectories object (the Parquet row groups that
-hold them, by ranged reads: `read_rows`), checks each row's id against its content and the plan,
+hold them, by ranged reads: `tasks.rows.read_rows`), checks each row's id against its content and the plan,
 scores and commits it. The stage output (`decisions`, `rejects`, what `compress` and `race cover`
 read) is the shards' rows concatenated in input order, whatever ran where: the same rows, in the
 same order, as one process scoring shard after shard. A run that stops (killed, out of memory,
@@ -28,7 +28,6 @@ manifests (only when some shard of the plan is missing), and gives each unit the
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import tempfile
 import time
@@ -36,13 +35,15 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from race_core.config import CoverConfig, Resources, from_dict, key_fields
-from race_core.schema import Reject, Trajectory, trajectory_id
+from race_core.config import CoverConfig, Resources, from_dict
+from race_core.schema import Trajectory, trajectory_id
 from storage import ArtifactStore, stage_key
 from storage.parquet import DatasetWriter, iter_rows_from_store, read_dataset_from_store, row_to_trajectory
 from tasks.base import TempDataset
+from tasks.cover_scoring import ShardScorer, cover_key_config, cover_scorer
 from tasks.fingerprints import stage_code
 from tasks.policy_ref import PolicyRef
+from tasks.rows import read_rows
 from tasks.units import (
     Log,
     Unit,
@@ -68,37 +69,6 @@ class Shard:
     @property
     def ids_digest(self) -> str:
         return hashlib.sha256("\n".join(self.ids).encode()).hexdigest()
-
-
-def cover_key_config(config: CoverConfig, resources: Resources) -> dict[str, Any]:
-    """What the cover's decisions depend on: its config and the dtype the model ran in."""
-    return {**key_fields(config), "dtype": resources.dtype}
-
-
-def cover_scorer(config: CoverConfig, checkpoint: str, resources: Resources):
-    """The scorer the cover stage builds when it is given none (the ε sweep builds its shared one here)."""
-    from race_core.scoring import make_scorer
-
-    kv = {"kv_budget": resources.kv_budget} if config.backend == "hf" else {}  # vLLM sizes its own cache
-    return make_scorer(config.backend, checkpoint, device=resources.device, dtype=resources.dtype,
-                       batch_size=resources.batch_size, **kv)
-
-
-def _within(shard: list[Trajectory], renderer, limit: int | None, max_tokens: int, refused: Any, log: Log) -> list[Trajectory]:
-    """The trajectories of `shard` that fit in `limit` tokens; the others become `too_long` rejects."""
-    if limit is None or renderer is None:
-        return shard
-    kept = []
-    for trajectory in shard:
-        length = len(renderer.render(trajectory))
-        if length <= limit:
-            kept.append(trajectory)
-            continue
-        bound = "--max-tokens" if max_tokens and limit == max_tokens else "the model's context"
-        refused.write(Reject(file="", line=0, code="too_long", field="turns", trajectory_id=trajectory.id,
-                             message=f"renders to {length} tokens, over {bound} of {limit}: not scored"))
-        log(f"cover: trajectory {trajectory.id[:12]} renders to {length} tokens (limit {limit}): rejected as too_long")
-    return kept
 
 
 def shard_scope(config: CoverConfig, resources: Resources, model_digest: str) -> str:
@@ -130,57 +100,6 @@ def committed(store: ArtifactStore, key: str) -> dict[str, Any] | None:
 
 
 # -- reading one shard's rows --------------------------------------------------------------------
-class _Counted(io.RawIOBase):
-    """A readable file that counts the bytes read through it."""
-
-    def __init__(self, fh: Any):
-        self._fh, self.bytes = fh, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        return self._fh.seek(offset, whence)
-
-    def tell(self) -> int:
-        return self._fh.tell()
-
-    def read(self, size: int = -1) -> bytes:
-        data = self._fh.read(size)
-        self.bytes += len(data)
-        return data
-
-    def readinto(self, buffer: Any) -> int:
-        data = self.read(len(buffer))
-        buffer[:len(data)] = data
-        return len(data)
-
-
-def read_rows(store: ArtifactStore, digest: str, start: int, stop: int) -> tuple[list[dict[str, Any]], int]:
-    """Rows [start, stop) of the Parquet object `digest`, reading only the footer and the row groups
-    that hold them (ranged reads, no read-ahead); returns (rows, bytes read from the store). The rows
-    are not verified against the object's digest here: the caller checks them (`read_shard`)."""
-    import pyarrow.parquet as pq
-
-    with store.fs.open(store.object_path(digest), "rb", cache_type="none") as raw:
-        counted = _Counted(raw)
-        parquet = pq.ParquetFile(counted)
-        groups, first, at = [], None, 0
-        for group in range(parquet.metadata.num_row_groups):
-            rows = parquet.metadata.row_group(group).num_rows
-            if at < stop and at + rows > start:
-                groups.append(group)
-                first = at if first is None else first
-            at += rows
-        if not groups:
-            return [], counted.bytes
-        table = parquet.read_row_groups(groups)
-        return table.slice(start - first, stop - start).to_pylist(), counted.bytes
-
-
 def read_shard(store: ArtifactStore, digest: str, unit: Unit) -> tuple[list[Trajectory], int]:
     """The trajectories of one shard unit, each checked: its id is the hash of its content and the
     one the plan holds at its place. A row that fails the check sends the whole object through the
@@ -200,71 +119,6 @@ def read_shard(store: ArtifactStore, digest: str, unit: Unit) -> tuple[list[Traj
         raise ValueError(f"shard {unit['index']} of trajectories {digest}: its trajectories are not the planned ones "
                          "(other shard size or input?)")
     return trajectories, read
-
-
-@dataclass
-class ShardScorer:
-    """Scores shards in one process: the scorer is built on the first trajectory that needs it and
-    the scorer's noise measured once, on its first shard (as the one-loop cover did)."""
-
-    config: CoverConfig
-    model_digest: str
-    make_scorer: Callable[[], Any]
-    progress: Any  # race_core.progress.CoverProgress
-    scorer: Any = None
-    noise: float | None = None
-    limit: int | None = None
-    ctx: Any = None
-    load_s: float = 0.0  # time the scorer (the model) took to load
-
-    def _ready(self) -> Any:
-        if self.scorer is None:
-            from race_core.decisions import CoverContext
-            from race_core.memory import format_size
-
-            started = time.perf_counter()
-            self.scorer = self.make_scorer()
-            self.load_s = time.perf_counter() - started
-            extra = self.scorer.stats.extra
-            if extra.get("kv_budget"):
-                self.progress.log(f"cover: KV-prefix copies kept within {format_size(extra['kv_budget'])} "
-                                  f"({format_size(extra['kv_bytes_per_token'])} per token)")
-            self.limit = min((n for n in (self.config.max_tokens, self.scorer.max_length) if n), default=None)
-            renderer = self.scorer.renderer
-            self.ctx = CoverContext(model_digest=self.model_digest, epsilon=self.config.epsilon,
-                                    backend=self.config.backend,
-                                    render_mode=renderer.render_mode if renderer else "plain")
-        return self.scorer
-
-    def score(self, trajectories: list[Trajectory], refused: Any) -> tuple[list[dict[str, Any]], int]:
-        """Decision rows of the trajectories that fit (too long ones go to `refused`), and the
-        tokens this took."""
-        from race_core.cover import check_noise, logic_cover
-        from race_core.decisions import decision_rows
-        from race_core.scoring import ScoreRequest
-
-        scorer = self._ready()
-        tokens_before = scorer.stats.tokens_processed
-        kept = _within(trajectories, scorer.renderer, self.limit, self.config.max_tokens, refused, self.progress.log)
-        self.progress.skip(len(trajectories) - len(kept))
-        if not kept:
-            return [], 0
-        if self.noise is None:
-            self.noise = scorer.measure_noise([ScoreRequest(("noise", i), t) for i, t in enumerate(kept[:4])])
-            self.progress.log(f"cover: scorer noise {self.noise:.2e} (epsilon {self.config.epsilon:g})")
-            check_noise(self.noise, self.config.epsilon)
-        results = logic_cover(kept, scorer, self.config.epsilon, early_reject=self.config.early_reject,
-                              local_only=self.config.local_only,
-                              progress=self.progress.shard(kept, scorer.renderer))
-        rows = list(decision_rows(results, scorer.renderer, self.ctx))
-        if scorer.renderer is not None:
-            scorer.renderer.forget()  # texts recur within a shard, not across: memory flat in dataset size
-        return rows, scorer.stats.tokens_processed - tokens_before
-
-    def close(self) -> None:
-        if self.scorer is not None:
-            self.scorer.close()
-
 
 
 @dataclass
@@ -407,7 +261,7 @@ class CoverWorker(UnitWorker):
 
 
 class _Rows(list):
-    """Collects what `_within` refuses (it writes Reject items)."""
+    """Collects what `tasks.cover_scoring._within` refuses (it writes Reject items)."""
 
     def write(self, item: Any) -> None:
         self.append(item)

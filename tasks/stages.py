@@ -38,9 +38,9 @@ from storage import ArtifactStore
 from storage.parquet import compressed_row, iter_rows_from_store
 from tasks import shards
 from tasks.base import Log, StageNotRun, TempDataset, _quiet, iter_trajectories, run_stage  # noqa: F401 - re-exported
+from tasks.cover_scoring import cover_key_config, cover_scorer  # noqa: F401 - cover_scorer: re-exported
 from tasks.executors import executor_for
 from tasks.policy_ref import PolicyRef
-from tasks.shards import cover_key_config, cover_scorer  # noqa: F401 - cover_scorer: re-exported
 
 
 # -- ingest + validate -------------------------------------------------------------------------

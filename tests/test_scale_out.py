@@ -445,6 +445,7 @@ def _carry(pool: str, store: ArtifactStore, done) -> int:
 
 
 def test_a_parent_follows_300_child_runs_past_the_servers_page(parent_side, tmp_path):
+    import contextvars
     import threading
 
     from deployments import prepare_pool
@@ -463,7 +464,7 @@ def test_a_parent_follows_300_child_runs_past_the_servers_page(parent_side, tmp_
             outcome["error"] = exc
 
     started = time.monotonic()
-    thread = threading.Thread(target=parent)
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(parent,))  # this server's settings
     thread.start()
     carried = _carry("race-paging", store, lambda: not thread.is_alive())
     thread.join()
