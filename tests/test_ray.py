@@ -92,7 +92,7 @@ def test_two_ray_nodes_decide_and_sample_as_one_process(one_process, tiny_checkp
     assert len(ready) == 2 and len(result["writers"]) == 2, result["log"]
     assert {w.split(":")[1] for w in result["writers"]} == {line.split(" on ")[1].split(" ")[0].split(":")[1]
                                                             for line in ready}
-    assert all(0 < read < store.fs.size(store.object_path(trajectories)) * 2 for read in result["read_bytes"])
+    assert all(0 < read <= store.fs.size(store.object_path(trajectories)) for read in result["read_bytes"])
     assert sum("sample: chunk" in line and "committed" in line for line in result["log"]) == 4
     _store_intact(store)
 

@@ -251,10 +251,10 @@ def test_a_run_spread_over_two_workers_decides_as_one_process(loopback, baseline
     manifests = [store.read_manifest(SHARD_STAGE, k) for k in keys]
     writers = {m["created_by"] for m in manifests}
     assert len(writers) == 4 and str(run_pid) not in {w.split(":")[1] for w in writers}
-    # each read its rows alone: on this 8-row object (one row group) that is the reader's first look at
-    # the file's end (which holds all of it) and the row group (tests/test_shards.py: a larger one)
+    # each read its rows alone: on this 8-row object (one row group) its footer and that row group,
+    # nearly all of it (tests/test_shards.py: a larger object, a fraction)
     size = store.fs.size(store.object_path(_ingested(store)))
-    assert all(0 < m["metrics"]["read_bytes"] <= 2 * size for m in manifests), [m["metrics"] for m in manifests]
+    assert all(0 < m["metrics"]["read_bytes"] <= size for m in manifests), [m["metrics"] for m in manifests]
     print(f"pool run: {wall:.1f} s wall, shards written by {sorted(writers)}")
 
 
