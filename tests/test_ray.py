@@ -101,6 +101,7 @@ def test_a_ray_node_removed_mid_run_is_recovered_from(one_process, tiny_checkpoi
     inputs, trajectories, decisions = one_process
     store, result = _on_cluster(tmp_path, inputs, trajectories, tiny_checkpoint, "--remove-node")
     assert result["removed_after"], result["log"]  # the second node went while its actor held a shard
+    assert not any(f"committed by {result['removed_after']}" in line for line in result["log"])  # none of its own
     died = [line for line in result["log"] if "a Ray actor died doing shard" in line]
     assert len(died) == 1, result["log"]
     lost = died[0].split("doing shard ")[1].split(" ")[0]

@@ -255,7 +255,10 @@ class _Watch:
                 self.submit(group)
         elif state.is_running() or state.is_pending():
             group.waiting = False
-            lease = store.read_record(lease_record(str(group.run_id)))
+            try:
+                lease = store.read_record(lease_record(str(group.run_id)))
+            except FileNotFoundError:  # the child ended and removed it between the look and the read
+                lease = None
             if lease != group.lease:
                 group.lease, group.heard_at = lease, time.monotonic()
                 if lease and lease.get("progress"):
