@@ -3,9 +3,6 @@ fresh network namespace (`unshare -n`, `lo` up) so that every node is 127.0.0.1 
 the machine (tests/ray_cluster.py runs there). The cover's shards and the sample stage's chunks
 done by the nodes' actors give the same bytes as one process; a node removed while its actor holds
 a shard is recovered from: the shard goes to the other actor, the result is unchanged.
-
-Each cluster run takes about 75 s on a quiet 2-core machine (two Ray nodes, two actors loading the
-tiny model), and up to five minutes under heavy load.
 """
 
 import json

@@ -8,7 +8,7 @@ is SIGKILLed while its child run holds a lease: the run completes, the dead work
 on the other one, each shard committed once, every object in the store intact. Then the sample
 stage's chunks played on the pool: the same rollouts as one process. Last, the parent's side alone:
 300 child runs of tiny units (paging past the server's 200 runs per read), and child runs that no
-worker takes (the run fails saying so). About 4 minutes in all here."""
+worker takes (the run fails saying so)."""
 
 import json
 import os
