@@ -7,11 +7,11 @@
   waits in the queue): two runs at once would both score what the catalog does not hold yet and
   append overlapping parts.
 
-- `race-score-shard/<pool>` (default pool `race-gpu`): a group of the cover's shards, run by a `race
-  worker` of the process work pool `<pool>` as a child flow run of a cover stage with
-  `resources.pool` set (`flows.shard`, `tasks.pool`). `race serve` creates the pool (type process)
-  and the `gpu` global concurrency limit with `--gpu-slots` slots (the shard runs' share of the
-  devices), and deploys it from this source folder (process workers load it from there: no image).
+- `race-units/<pool>` (default pool `race-gpu`): a group of a stage's units (cover shards, sample
+  chunks), run by a `race worker` of the process work pool `<pool>` as a child flow run of a stage
+  whose resources name the pool (`flows.shard`, `tasks.executors.pool`). `race serve` creates the
+  pool (type process), sets the `gpu` global concurrency limit when `--gpu-slots` is given, and
+  deploys the flow by module entrypoint: workers run it from their installed package.
 
 `race serve` serves the first two to the Prefect server named by PREFECT_API_URL. They are
 instances of the configs in `race_core.config`: `build_deployments(nightly)` derives the manual
@@ -62,43 +62,48 @@ def build_deployments(nightly: NightlyConfig = SERVE_DEFAULTS, cron: str = NIGHT
     return [manual, scheduled]
 
 
-def prepare_pool(pool: str = DEFAULT_POOL, gpu_slots: int = 1, log=print) -> str:
-    """Create the process work pool `pool` and the `gpu` concurrency limit (`gpu_slots` slots; both
-    kept if they exist, the limit set to `gpu_slots`) and deploy the child flows `race-score-shard`
-    and `race-sample-chunk` to it. Returns the shard deployment's name."""
-    from pathlib import Path
-
+def prepare_pool(pool: str = DEFAULT_POOL, gpu_slots: int | None = None, log=print) -> str:
+    """Create the process work pool `pool` (kept if it exists) and deploy the child flow `race-units`
+    to it by module entrypoint (`flows.shard:race_units`): a worker imports it from its installed
+    race-pipeline, so no code is pulled from this host and workers may run anywhere that reaches the
+    server and the store. `gpu_slots`: slots of the `gpu` global concurrency limit, the child runs
+    doing units at once across the pool; None removes the limit, so every worker of the pool works
+    (each runs one child at a time: as many at once as the pool has workers). Returns the
+    deployment's name."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
-    from prefect.exceptions import ObjectAlreadyExists
+    from prefect.deployments.runner import EntrypointType
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
-    from flows.shard import GPU_LIMIT, race_sample_chunk, race_score_shard
-    from tasks.pool import POOL_FLOWS, deployment_name
+    from flows.shard import GPU_LIMIT, race_units
+    from tasks.executors.pool import deployment_name
 
-    if gpu_slots < 1:
+    if gpu_slots is not None and gpu_slots < 1:
         raise ValueError(f"--gpu-slots: {gpu_slots} is not >= 1")
     with get_client(sync_client=True) as client:
         try:
             client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
         except ObjectAlreadyExists:
             pass
-        client.upsert_global_concurrency_limit_by_name(GPU_LIMIT, gpu_slots)
-    source = Path(__file__).resolve().parents[1]  # the folder holding flows/ (process workers load it)
-    for child, what in ((race_score_shard, "Score a group of the cover's shards on this worker's device "
-                                           "(child runs of a cover stage)."),
-                        (race_sample_chunk, "Play a chunk of an RL iteration's tasks on this worker's device "
-                                            "(child runs of a sample stage).")):
-        child.from_source(source=str(source), entrypoint=f"flows/shard.py:{child.fn.__name__}").deploy(
-            name=pool, work_pool_name=pool, build=False, push=False, print_next_steps=False, tags=["race", "gpu"],
-            description=what)
-    names = [deployment_name(pool, flow) for flow in POOL_FLOWS]
-    log(f"race serve: work pool {pool!r} (process) with deployments {names}; concurrency limit "
-        f"{GPU_LIMIT!r}: {gpu_slots} slot(s). Start one worker per device: race worker --pool {pool} --device cuda:N")
+        if gpu_slots is not None:
+            client.upsert_global_concurrency_limit_by_name(GPU_LIMIT, gpu_slots)
+        else:
+            try:
+                client.delete_global_concurrency_limit_by_name(GPU_LIMIT)
+            except ObjectNotFound:
+                pass
+    race_units.deploy(name=pool, work_pool_name=pool, entrypoint_type=EntrypointType.MODULE_PATH, build=False,
+                      push=False, print_next_steps=False, ignore_warnings=True, tags=["race", "gpu"],
+                      description="Do a group of a stage's units (cover shards, sample chunks) on this worker's "
+                                  "device (child runs of a cover or sample stage).")
+    slots = f"{gpu_slots} slot(s)" if gpu_slots is not None else "none (one child run per worker)"
+    log(f"race serve: work pool {pool!r} (process) with deployment {deployment_name(pool)!r}; concurrency limit "
+        f"{GPU_LIMIT!r}: {slots}. Start one worker per device: race worker --pool {pool} --device cuda:N")
     return deployment_name(pool)
 
 
 def serve_deployments(nightly: NightlyConfig, cron: str = NIGHTLY_CRON, limit: int | None = None,
-                      log=print, pool: str = DEFAULT_POOL, gpu_slots: int = 1) -> None:
+                      log=print, pool: str = DEFAULT_POOL, gpu_slots: int | None = None) -> None:
     """Prepare the shard pool (`prepare_pool`), then register the manual and nightly deployments
     with the server and run their flow runs here until stopped.
 

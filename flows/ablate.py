@@ -28,7 +28,7 @@ from race_core.config import CoverConfig, EvalConfig, PipelineConfig, Resources,
 from race_core.train.checkpoint_bootstrap import AgentBootstrapConfig
 from storage import ArtifactStore
 from tasks import pipeline_tasks as t
-from tasks.pipeline_tasks import RETRY
+from tasks.pipeline_tasks import RETRY, stage_options
 from tasks.training_stages import PolicyRef
 
 ABLATE_INPUT_TASKS = DEMO_INPUT_TASKS  # two-part training tasks the policy plays (2 episodes each): the demo's
@@ -91,7 +91,7 @@ def _metrics(evaluated: dict[str, Any], policy: PolicyRef | dict[str, Any]) -> d
             "turns_per_episode": m["turns_per_episode"], "policy_digest": PolicyRef.of(policy).digest}
 
 
-@task(name="bootstrap-agent", **RETRY, tags=["gpu"], cache_policy=NO_CACHE)
+@task(**stage_options("bootstrap"))
 def bootstrap_agent_task(store_url: str, checkpoint: str, config: AgentBootstrapConfig, resources: Resources
                          ) -> dict[str, Any]:
     """A chat checkpoint made a calculator policy (`tasks.agent_bootstrap`: the `bootstrap` stage)."""

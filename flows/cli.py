@@ -112,8 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="serve the race-pipeline/manual and race-nightly/nightly deployments")
     add_config_options(p, SERVE_DEFAULTS, top=("inbox", "checkpoint", "store"), sections=COVER_SECTIONS)
     p.add_argument("--cron", default=NIGHTLY_CRON, help="nightly schedule (UTC)")
-    p.add_argument("--gpu-slots", type=int, default=1, help="slots of the `gpu` concurrency limit: shard runs "
-                   "scoring at once across the pool (`race worker`s; default: 1)")
+    p.add_argument("--gpu-slots", type=int, help="slots of the `gpu` concurrency limit: child runs doing units "
+                   "at once across the pool (default: no limit, so as many as the pool has `race worker`s, each "
+                   "running one at a time)")
     p.add_argument("--allow-root", nargs="+", metavar="ROOT",
                    help="folders and URL prefixes the served runs may read and write (inputs, checkpoint, "
                         "store, report_dir); default: this folder, the store, the checkpoint and the inbox's "

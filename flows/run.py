@@ -13,13 +13,11 @@ from collections.abc import Callable
 from typing import Any
 
 from race_core.config import PipelineConfig
+from tasks.declarations import STAGES
 from tasks.summary import summarize
 
-# stage -> the stages whose output it reads (sample also reads the previous rl iteration's policy)
-NEEDS: dict[str, tuple[str, ...]] = {
-    "ingest": (), "validate": ("ingest",), "cover": ("ingest",), "compress": ("ingest", "cover"),
-    "sft": ("compress",), "sample": ("sft",), "rl": ("sample", "sft"), "evaluate": (),
-}
+# stage -> the stages whose output it reads, as declared (sample also reads the previous rl iteration's policy)
+NEEDS: dict[str, tuple[str, ...]] = {name: stage.needs for name, stage in STAGES.items()}
 
 
 def needed_stages(stages: tuple[str, ...] | list[str], rl_iterations: int) -> set[str]:

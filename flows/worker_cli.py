@@ -1,7 +1,10 @@
 """`race worker --pool race-gpu --device cuda:N`: one worker of the shard pool per device (DESIGN §8).
 
 It is `prefect worker start --pool POOL --type process --limit 1` with `RACE_DEVICE=DEVICE` in its
-environment, which the child flow runs it starts inherit (`flows.shard` scores on that device).
+environment, which the child flow runs it starts inherit (`flows.shard` works on that device), and
+`RACE_CHECKPOINT_CACHE` set to `.race/cache/checkpoints` under the folder it was started in (unless
+set): each child run starts in a temporary folder of its own, and the model it fetches from the
+store must outlive it, so the worker's child runs fetch a checkpoint once.
 Limit 1: one child run, so one model, per device at a time. The process is replaced by the Prefect
 worker (exec), so a signal to it reaches the worker and the runs it started.
 """
@@ -30,6 +33,7 @@ def add_worker_parser(sub) -> None:
 def worker_command(pool: str, device: str, name: str | None = None, limit: int = 1) -> tuple[list[str], dict]:
     """The `prefect worker start` command line and environment of `race worker`."""
     from flows.shard import DEVICE_ENV
+    from tasks.policy_ref import CACHE_ENV, checkpoint_cache
 
     if not DEVICE.match(device):
         raise ValueError(f"--device: {device!r} is not cpu, cuda, cuda:N or mps")
@@ -38,7 +42,7 @@ def worker_command(pool: str, device: str, name: str | None = None, limit: int =
     name = name or f"race-{socket.gethostname()}-{device.replace(':', '')}"
     argv = [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process",
             "--limit", str(limit), "--name", name]
-    return argv, {**os.environ, DEVICE_ENV: device}
+    return argv, {**os.environ, DEVICE_ENV: device, CACHE_ENV: str(checkpoint_cache().resolve())}
 
 
 def cmd_worker(args) -> int:

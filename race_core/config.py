@@ -29,6 +29,7 @@ DEFAULT_EPSILON = 1e-3  # the cover's tolerance ε (DESIGN §4)
 STAGES = ("ingest", "validate", "cover", "compress", "sft", "sample", "rl", "evaluate")
 COVER_STAGES = STAGES[:4]
 BACKENDS = ("hf", "vllm")
+EXECUTORS = ("local", "pool", "ray")  # where a stage's units run (`tasks.executors`)
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float16": "float16", "fp16": "float16"}
 
@@ -90,7 +91,7 @@ class Resources:
     """Where and how big the model work runs: every model-loading stage takes these.
 
     Only `dtype` is part of the stage keys (`tasks.stages`): the others change where and how fast
-    the work runs, not what it decides. `kv_budget` is given in bytes or as a size (`2GiB`, `512MiB`:
+    the work runs (which executor, how many workers), not what it decides. `kv_budget` is given in bytes or as a size (`2GiB`, `512MiB`:
     `race_core.memory.parse_size`) and held in bytes."""
 
     device: str = "cpu"  # cpu, cuda or cuda:N
@@ -98,9 +99,13 @@ class Resources:
     batch_size: int = 16  # sequences per scoring forward
     shard_size: int = 64  # trajectories scored together (memory grows with it)
     kv_budget: int | str = 0  # KV-prefix copies the hf scorer keeps, e.g. 2GiB (0: half the free memory)
+    executor: str = ""  # where cover shards and sample chunks run: local, pool (--pool) or ray ("": pool if --pool is set, else local)
     pool: str = ""  # Prefect work pool whose workers score the cover's shards and sample chunks ("": this process)
     pool_shards: int = 4  # shards per child flow run on the pool
     lease_timeout: float = 60.0  # seconds a pool worker may go silent before its shards are submitted again
+    pickup_timeout: float = 600.0  # seconds child runs may wait, none taken and no pool worker online, before the run fails
+    ray_address: str = ""  # Ray cluster for --executor ray: HOST:6379 or ray://HOST:10001 ("": a Ray of this machine)
+    ray_actors: int = 0  # Ray actors, one model each (0: one per GPU of the cluster; on CPU one per node)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
@@ -265,8 +270,15 @@ def _check_cover(checkpoint: str, cover: CoverConfig, resources: Resources) -> N
     for name in ("batch_size", "shard_size", "pool_shards"):
         if getattr(resources, name) < 1:
             raise ValueError(f"parameter 'resources.{name}' must be >= 1")
-    if not resources.lease_timeout > 0:
-        raise ValueError(f"parameter 'resources.lease_timeout': {resources.lease_timeout} is not > 0 seconds")
+    for name in ("lease_timeout", "pickup_timeout"):
+        if not getattr(resources, name) > 0:
+            raise ValueError(f"parameter 'resources.{name}': {getattr(resources, name)} is not > 0 seconds")
+    if resources.executor and resources.executor not in EXECUTORS:
+        raise ValueError(f"parameter 'resources.executor': {resources.executor!r} is not one of {EXECUTORS}")
+    if resources.executor == "pool" and not resources.pool:
+        raise ValueError("parameter 'resources.pool': --executor pool needs the work pool's name (--pool NAME)")
+    if resources.ray_actors < 0:
+        raise ValueError(f"parameter 'resources.ray_actors': {resources.ray_actors} is not >= 0")
     if not (Path(checkpoint) / "config.json").exists():
         raise ValueError(f"parameter 'checkpoint': {checkpoint!r} is not a local save_pretrained folder")
 

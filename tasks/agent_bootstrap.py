@@ -15,8 +15,9 @@ from race_core.envs.calculator import BARE, AgentPrompt
 from race_core.policy import load_tokenizer
 from race_core.train.checkpoint_bootstrap import AgentBootstrapConfig
 from storage import ArtifactStore
-from tasks.stages import Log, _quiet, run_stage
-from tasks.training_stages import PolicyRef, _put_policy
+from tasks.base import Log, _quiet, run_stage
+from tasks.policy_ref import PolicyRef
+from tasks.training_stages import _put_policy
 
 
 def plays_calculator(checkpoint: str) -> bool:

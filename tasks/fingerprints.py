@@ -2,8 +2,8 @@
 
 The `code` part of a stage key (DESIGN §7, `storage.keys.stage_key`) is
 - `source`: sha256 over (path, content) of the modules that compute the stage's numbers
-  (`STAGE_SOURCES`; globs are relative to the project root), so editing one of them reruns that
-  stage and no other;
+  (`STAGE_SOURCES`, from each stage's declaration in `tasks.declarations`; globs are relative to
+  the project root), so editing one of them reruns that stage and no other;
 - `libraries`: the installed versions of the libraries that change its numbers (`STAGE_LIBRARIES`),
   plus vllm when the stage's config says `backend: vllm`.
 
@@ -24,41 +24,13 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from tasks.declarations import DECLARED
+
 SOURCE_ROOT = Path(__file__).resolve().parents[1]  # the folder holding race_core/, storage/, tasks/
 
-_RENDER = ("race_core/render.py", "race_core/schema.py", "race_core/policy.py")
-_POLICY_LOOP = ("race_core/rollout.py", "race_core/sampling/*.py", "race_core/vllm_engine.py",
-                "race_core/envs/calculator/*.py")
-
-STAGE_SOURCES: dict[str, tuple[str, ...]] = {
-    "ingest": ("race_core/schema.py", "race_core/importers/*.py", "storage/parquet.py", "tasks/stages.py"),
-    "cover": ("race_core/cover.py", "race_core/scoring/*.py", "race_core/vllm_engine.py", "race_core/decisions.py",
-              *_RENDER, "storage/parquet.py", "tasks/stages.py", "tasks/shards.py"),
-    "compress": ("race_core/decisions.py", *_RENDER, "storage/parquet.py", "tasks/stages.py"),
-    "arm": ("race_core/ablation.py", "race_core/envs/expert.py", "race_core/decisions.py", *_RENDER,
-            "storage/parquet.py", "tasks/stages.py", "tasks/ablation.py"),
-    "sft": ("race_core/train/sft.py", "race_core/loss.py", *_RENDER, "storage/parquet.py",
-            "tasks/training_stages.py"),
-    "sample": (*_POLICY_LOOP, *_RENDER, "tasks/training_stages.py", "tasks/chunks.py"),
-    "rl": ("race_core/train/rl.py", "race_core/loss.py", "race_core/cover.py", "race_core/scoring/*.py",
-           "race_core/rollout.py", *_RENDER, "tasks/training_stages.py"),
-    "evaluate": ("race_core/evaluate.py", *_POLICY_LOOP, *_RENDER, "tasks/training_stages.py"),
-    "bootstrap": ("race_core/train/checkpoint_bootstrap.py", "race_core/train/sft.py", "race_core/loss.py",
-                  "race_core/envs/expert.py", *_POLICY_LOOP, *_RENDER, "tasks/agent_bootstrap.py"),
-}
-
-_MODEL_LIBRARIES = ("torch", "transformers", "tokenizers")
-STAGE_LIBRARIES: dict[str, tuple[str, ...]] = {
-    "ingest": (),
-    "cover": _MODEL_LIBRARIES,
-    "compress": ("transformers", "tokenizers"),  # token counts
-    "arm": ("transformers", "tokenizers"),
-    "sft": (*_MODEL_LIBRARIES, "peft"),  # peft: LoRA
-    "sample": _MODEL_LIBRARIES,
-    "rl": _MODEL_LIBRARIES,
-    "evaluate": _MODEL_LIBRARIES,
-    "bootstrap": (*_MODEL_LIBRARIES, "peft"),
-}
+# stage -> its sources and libraries, as declared (`tasks.declarations`)
+STAGE_SOURCES: dict[str, tuple[str, ...]] = {s.name: s.key.sources for s in DECLARED if s.key is not None}
+STAGE_LIBRARIES: dict[str, tuple[str, ...]] = {s.name: s.key.libraries for s in DECLARED if s.key is not None}
 
 
 def stage_code(stage: str, config: Mapping[str, Any]) -> dict[str, Any]:
@@ -74,7 +46,7 @@ def source_fingerprint(stage: str) -> str:
     try:
         patterns = STAGE_SOURCES[stage]
     except KeyError:
-        raise ValueError(f"stage {stage!r} has no source list: add it to tasks/fingerprints.py STAGE_SOURCES") from None
+        raise ValueError(f"stage {stage!r} has no source list: declare it in tasks/declarations.py") from None
     files = sorted({path for pattern in patterns for path in _matches(pattern)})
     h = hashlib.sha256()
     for path in files:

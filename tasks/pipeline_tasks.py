@@ -1,7 +1,7 @@
 """Prefect tasks: one per stage, thin wrappers over `tasks.stages` (DESIGN §8).
 
 Each task has its own retries and delay; GPU stages carry the tag `gpu` (concurrency limits by
-tag). Tasks take the typed configs of `race_core.config` and return their stage manifest, a small
+tag); both come from the stage's declaration (`tasks.declarations`). Tasks take the typed configs of `race_core.config` and return their stage manifest, a small
 JSON dict of digests and metrics; `only_cached=True` (a stage left out of the run) returns the
 stored manifest or fails naming the stage; `force=True` recomputes even a usable stored output
 (`race run --force STAGE`). Whether a
@@ -32,6 +32,7 @@ from race_core.config import CoverConfig, EvalConfig, IngestConfig, Resources, R
 from race_core.progress import ProgressFigures
 from storage import ArtifactStore
 from tasks import stages, training_stages
+from tasks.declarations import declared
 from tasks.training_stages import PolicyRef
 
 RETRIES = int(os.environ.get("RACE_TASK_RETRIES", "2"))
@@ -41,11 +42,22 @@ RETRY_DELAY_S = float(os.environ.get("RACE_RETRY_DELAY_S", "5"))
 def worth_retrying(task, task_run, state) -> bool:
     """Retry what may pass a second time (a lost connection, a freed disk, an object store that
     answers again), not what fails the same way every time: a bad parameter or input, a scorer too
-    noisy for ε, a stage that was not run (ValueError, LookupError)."""
-    return not isinstance(state.data, ValueError | LookupError)
+    noisy for ε, a stage that was not run (ValueError, LookupError), nor units whose executor has
+    spent their tries already (`tasks.executors.UnitsFailed`: tries are counted once)."""
+    from tasks.executors import UnitsFailed
+
+    return not isinstance(state.data, ValueError | LookupError | UnitsFailed)
 
 
 RETRY = {"retries": RETRIES, "retry_delay_seconds": RETRY_DELAY_S, "retry_condition_fn": worth_retrying}
+
+
+def stage_options(name: str) -> dict[str, Any]:
+    """A stage task's Prefect options from its declaration (`tasks.declarations`): its name, the
+    `gpu` tag for a stage that loads a model, retries (none for a check, which stores nothing)."""
+    stage = declared(name)
+    return {"name": name, "tags": ["gpu"] if stage.gpu else [], "cache_policy": NO_CACHE,
+            **(RETRY if stage.key is not None else {"retries": 0})}
 
 
 def _logger_fn() -> Callable[[str], None]:
@@ -112,7 +124,7 @@ def _empty_cuda_cache() -> None:
         pass
 
 
-@task(name="ingest", **RETRY, cache_policy=NO_CACHE)
+@task(**stage_options("ingest"))
 def ingest_task(store_url: str, inputs: list[str], config: IngestConfig, only_cached: bool = False,
                 force: bool = False) -> dict[str, Any]:
     manifest = stages.ingest(ArtifactStore(store_url), inputs, config, log=_logger_fn(), only_cached=only_cached,
@@ -121,12 +133,12 @@ def ingest_task(store_url: str, inputs: list[str], config: IngestConfig, only_ca
     return manifest
 
 
-@task(name="validate", retries=0, cache_policy=NO_CACHE)
+@task(**stage_options("validate"))
 def validate_task(ingested: dict[str, Any], config: IngestConfig) -> dict[str, Any]:
     return stages.validate(ingested, config)
 
 
-@task(name="cover", **RETRY, tags=["gpu"], cache_policy=NO_CACHE)
+@task(**stage_options("cover"))
 def cover_task(store_url: str, trajectories: dict[str, Any], policy: PolicyRef, config: CoverConfig,
                resources: Resources, only_cached: bool = False, force: bool = False) -> dict[str, Any]:
     """The LoGiC cover (Algorithm 1) over the trajectories of an ingest (or select-new) manifest -> decisions."""
@@ -148,7 +160,7 @@ def cover_task(store_url: str, trajectories: dict[str, Any], policy: PolicyRef, 
     return manifest
 
 
-@task(name="compress", **RETRY, cache_policy=NO_CACHE)
+@task(**stage_options("compress"))
 def compress_task(store_url: str, trajectories: dict[str, Any], decided: dict[str, Any], policy: PolicyRef,
                   epsilon: float, only_cached: bool = False, force: bool = False) -> dict[str, Any]:
     """Apply the cover's accepted removals -> compressed trajectories."""
@@ -176,7 +188,7 @@ def record_part_task(store_url: str, compressed_digest: str, ids: list[str], mod
 
 
 # -- training stages ---------------------------------------------------------------------------
-@task(name="sft", **RETRY, tags=["gpu"], cache_policy=NO_CACHE)
+@task(**stage_options("sft"))
 def sft_task(store_url: str, compressed: dict[str, Any], base: PolicyRef, config: SFTConfig, resources: Resources,
              only_cached: bool = False, force: bool = False) -> dict[str, Any]:
     manifest = training_stages.sft(ArtifactStore(store_url), compressed["objects"]["compressed"], base, config,
@@ -185,7 +197,7 @@ def sft_task(store_url: str, compressed: dict[str, Any], base: PolicyRef, config
     return manifest
 
 
-@task(name="sample", **RETRY, tags=["gpu"], cache_policy=NO_CACHE)
+@task(**stage_options("sample"))
 def sample_task(store_url: str, policy: PolicyRef | dict[str, Any], config: RLConfig, resources: Resources,
                 iteration: int, only_cached: bool = False, force: bool = False) -> dict[str, Any]:
     manifest = training_stages.sample(ArtifactStore(store_url), PolicyRef.of(policy), config, resources, iteration,
@@ -194,7 +206,7 @@ def sample_task(store_url: str, policy: PolicyRef | dict[str, Any], config: RLCo
     return manifest
 
 
-@task(name="rl", **RETRY, tags=["gpu"], cache_policy=NO_CACHE)
+@task(**stage_options("rl"))
 def rl_task(store_url: str, policy: PolicyRef | dict[str, Any], sampled: dict[str, Any], config: RLConfig,
             epsilon: float, resources: Resources, iteration: int, only_cached: bool = False,
            force: bool = False) -> dict[str, Any]:
@@ -205,7 +217,7 @@ def rl_task(store_url: str, policy: PolicyRef | dict[str, Any], sampled: dict[st
     return manifest
 
 
-@task(name="evaluate", **RETRY, tags=["gpu"], cache_policy=NO_CACHE)
+@task(**stage_options("evaluate"))
 def evaluate_task(store_url: str, policy: PolicyRef | dict[str, Any], config: EvalConfig, resources: Resources,
                   label: str, only_cached: bool = False, force: bool = False) -> dict[str, Any]:
     manifest = training_stages.evaluate(ArtifactStore(store_url), PolicyRef.of(policy), config, resources, label,
@@ -237,7 +249,7 @@ def report_task(store_url: str, summary: dict[str, Any], report_dir: str, epsilo
     return {**{k: str(v) for k, v in written.items()}, "stored_html": stored}
 
 
-@task(name="arm", **RETRY, cache_policy=NO_CACHE)
+@task(**stage_options("arm"))
 def derived_arm_task(store_url: str, trajectories: dict[str, Any], race: dict[str, Any], arm: str, policy: PolicyRef,
                      epsilon: float) -> dict[str, Any]:
     """The ablation's `arm` (none, random or all) version of the race arm's trajectories (`tasks.ablation`)."""

@@ -6,43 +6,57 @@ where the scope is the stage key of everything else the decisions depend on (cov
 dtype, model digest, the cover's code fingerprint and library versions), and a trajectory id is
 the hash of its content. Each scored shard commits `decisions` and `rejects` objects plus a
 manifest `stages/cover-shard/<key>.json`, written create-if-absent: a second writer of the same
-shard (a run submitted again after its worker went silent, a second process on the same store)
+shard (a unit submitted again after its worker went silent, a second process on the same store)
 finds it present and drops its own copy, so no shard is ever scored twice into the result.
 
-The stage output (`decisions`, `rejects`, what `compress` and `race cover` read) is the shards'
-rows concatenated in input order, whatever ran where: the same rows, in the same order, as one
-process scoring shard after shard. A run that stops (killed, out of memory, failed) leaves its
-finished shards committed; the next one resumes at the first shard without a manifest.
+`CoverJob` is the cover's `tasks.units.UnitJob`: a unit is one shard ({index, start, ids, reuse}),
+and a worker reads only that shard's rows of the trajectories object (the Parquet row groups that
+hold them, by ranged reads: `tasks.rows.read_rows`), checks each row's id against its content and the plan,
+scores and commits it. The stage output (`decisions`, `rejects`, what `compress` and `race cover`
+read) is the shards' rows concatenated in input order, whatever ran where: the same rows, in the
+same order, as one process scoring shard after shard. A run that stops (killed, out of memory,
+failed) leaves its finished shards committed; the next one resumes at the first shard without a
+manifest.
 
 Shard size changed: the new shards have new keys, but a trajectory already decided in a committed
 shard of the same scope is not scored again: its decision and reject rows are copied from that
 shard (each trajectory's decisions do not depend on its shard-mates, DESIGN §4), and only the rest
-is scored. The committed shards of other sizes are found by listing the scope's manifests, done
-only when some shard of the plan is missing.
+is scored. The stage finds the committed shards of other sizes once, by listing the scope's
+manifests (only when some shard of the plan is missing), and gives each unit the ones it copies from.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import socket
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from race_core.config import CoverConfig, Resources
-from race_core.schema import Trajectory
+from race_core.config import CoverConfig, Resources, from_dict
+from race_core.schema import Trajectory, trajectory_id
 from storage import ArtifactStore, stage_key
-from storage.parquet import DatasetWriter, iter_rows_from_store, read_dataset_from_store
-from storage.store import code_version
+from storage.parquet import DatasetWriter, iter_rows_from_store, read_dataset_from_store, row_to_trajectory
+from tasks.base import TempDataset
+from tasks.cover_scoring import ShardScorer, cover_key_config, cover_scorer
 from tasks.fingerprints import stage_code
-from tasks.stages import _within, cover_key_config, iter_trajectories
+from tasks.policy_ref import PolicyRef
+from tasks.rows import read_rows
+from tasks.units import (
+    Log,
+    Unit,
+    UnitJob,
+    UnitWorker,
+    check_same_scope,
+    commit_record,
+    unit_provenance,
+    usable,
+)
 
 SHARD_STAGE = "cover-shard"
 SHARD_VERSION = 1
-Log = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -80,128 +94,37 @@ def plan_shards(store: ArtifactStore, trajectories_digest: str, shard_size: int)
     return [Shard(i, tuple(ids[at:at + shard_size])) for i, at in enumerate(range(0, len(ids), shard_size))]
 
 
-def usable(store: ArtifactStore, record: str) -> dict[str, Any] | None:
-    """The unit manifest at `record` if it is committed and its objects are all there, else None."""
-    manifest = store.read_record(record)
-    if manifest is None or store.manifest_damage(manifest) is not None:
-        return None
-    return manifest
-
-
 def committed(store: ArtifactStore, key: str) -> dict[str, Any] | None:
     """The shard's manifest if it is committed and its objects are all there, else None."""
     return usable(store, manifest_record(key))
 
 
-def commit_record(store: ArtifactStore, record: str, manifest: dict[str, Any], force: bool = False) -> bool:
-    """Commit a unit manifest (a shard's, a sample chunk's) create-if-absent: False when another
-    writer's copy is there first (ours is dropped). A damaged one (an object lost) is replaced, and
-    with `force` any."""
-    existing = store.read_record(record)
-    replace = force or (existing is not None and store.manifest_damage(existing) is not None)
+# -- reading one shard's rows --------------------------------------------------------------------
+def read_shard(store: ArtifactStore, digest: str, unit: Unit) -> tuple[list[Trajectory], int]:
+    """The trajectories of one shard unit, each checked: its id is the hash of its content and the
+    one the plan holds at its place. A row that fails the check sends the whole object through the
+    store's verified read: a corrupt object is quarantined and named (`CorruptObjectError`), an intact
+    one means the input is not the planned one."""
+    planned = list(unit["ids"])
     try:
-        store.write_record(record, manifest, overwrite=replace)
-    except FileExistsError:
-        return False
-    return True
-
-
-def unit_provenance(device: str) -> dict[str, Any]:
-    """Who committed a unit manifest, and when."""
-    return {"created_at": datetime.now(timezone.utc).isoformat(), "code_version": code_version(),
-            "created_by": f"{socket.gethostname()}:{os.getpid()}", "device": device}
-
-
-def read_shards(store: ArtifactStore, trajectories_digest: str, shard_size: int, wanted: Iterable[Shard]
-                ) -> Iterator[tuple[Shard, list[Trajectory]]]:
-    """The trajectories of the `wanted` shards, one shard in memory at a time (the input is streamed
-    once). A shard whose trajectories are not the ones planned is an error: the input changed."""
-    by_index = {shard.index: shard for shard in wanted}
-    if not by_index:
-        return
-    last = max(by_index)
-    batch: list[Trajectory] = []
-    for position, trajectory in enumerate(iter_trajectories(store, trajectories_digest)):
-        index = position // shard_size
-        if index > last:
-            break
-        if index in by_index:
-            batch.append(trajectory)
-            shard = by_index[index]
-            if len(batch) == len(shard.ids):
-                if tuple(t.id for t in batch) != shard.ids:
-                    raise ValueError(f"shard {index} of trajectories {trajectories_digest}: its trajectories "
-                                     "are not the planned ones (other shard size or input?)")
-                yield shard, batch
-                batch = []
-    if batch:
-        raise ValueError(f"shard {last} of trajectories {trajectories_digest}: the input ended inside it")
-
-
-@dataclass
-class ShardScorer:
-    """Scores shards in one process: the scorer is built on the first trajectory that needs it and
-    the scorer's noise measured once, on its first shard (as the one-loop cover did)."""
-
-    config: CoverConfig
-    model_digest: str
-    make_scorer: Callable[[], Any]
-    progress: Any  # race_core.progress.CoverProgress
-    scorer: Any = None
-    noise: float | None = None
-    limit: int | None = None
-    ctx: Any = None
-
-    def _ready(self) -> Any:
-        if self.scorer is None:
-            from race_core.decisions import CoverContext
-            from race_core.memory import format_size
-
-            self.scorer = self.make_scorer()
-            extra = self.scorer.stats.extra
-            if extra.get("kv_budget"):
-                self.progress.log(f"cover: KV-prefix copies kept within {format_size(extra['kv_budget'])} "
-                                  f"({format_size(extra['kv_bytes_per_token'])} per token)")
-            self.limit = min((n for n in (self.config.max_tokens, self.scorer.max_length) if n), default=None)
-            renderer = self.scorer.renderer
-            self.ctx = CoverContext(model_digest=self.model_digest, epsilon=self.config.epsilon,
-                                    backend=self.config.backend,
-                                    render_mode=renderer.render_mode if renderer else "plain")
-        return self.scorer
-
-    def score(self, trajectories: list[Trajectory], refused: Any) -> tuple[list[dict[str, Any]], int]:
-        """Decision rows of the trajectories that fit (too long ones go to `refused`), and the
-        tokens this took."""
-        from race_core.cover import check_noise, logic_cover
-        from race_core.decisions import decision_rows
-        from race_core.scoring import ScoreRequest
-
-        scorer = self._ready()
-        tokens_before = scorer.stats.tokens_processed
-        kept = _within(trajectories, scorer.renderer, self.limit, self.config.max_tokens, refused, self.progress.log)
-        self.progress.skip(len(trajectories) - len(kept))
-        if not kept:
-            return [], 0
-        if self.noise is None:
-            self.noise = scorer.measure_noise([ScoreRequest(("noise", i), t) for i, t in enumerate(kept[:4])])
-            self.progress.log(f"cover: scorer noise {self.noise:.2e} (epsilon {self.config.epsilon:g})")
-            check_noise(self.noise, self.config.epsilon)
-        results = logic_cover(kept, scorer, self.config.epsilon, early_reject=self.config.early_reject,
-                              local_only=self.config.local_only,
-                              progress=self.progress.shard(kept, scorer.renderer))
-        rows = list(decision_rows(results, scorer.renderer, self.ctx))
-        if scorer.renderer is not None:
-            scorer.renderer.forget()  # texts recur within a shard, not across: memory flat in dataset size
-        return rows, scorer.stats.tokens_processed - tokens_before
-
-    def close(self) -> None:
-        if self.scorer is not None:
-            self.scorer.close()
+        rows, read = read_rows(store, digest, unit["start"], unit["start"] + len(planned))
+        trajectories = [row_to_trajectory(row) for row in rows]
+        intact = len(rows) == len(planned) and all(
+            t.id == want == trajectory_id(t) for t, want in zip(trajectories, planned, strict=True))
+    except (OSError, ValueError):  # pyarrow's errors on damaged bytes derive from these
+        intact = False
+    if not intact:
+        with tempfile.TemporaryDirectory(prefix="race-check-") as tmp:
+            store.get_file(digest, os.path.join(tmp, "trajectories.parquet"))  # raises on corrupt bytes
+        raise ValueError(f"shard {unit['index']} of trajectories {digest}: its trajectories are not the planned ones "
+                         "(other shard size or input?)")
+    return trajectories, read
 
 
 @dataclass
 class _Reuse:
-    """Decisions of trajectories already committed in shards of another size (same scope)."""
+    """Decisions of trajectories already committed in shards of another size (same scope): the
+    stage indexes them once (`index`), each unit carries its part (`where`: trajectory id -> key)."""
 
     store: ArtifactStore
     where: dict[str, str] = field(default_factory=dict)  # trajectory id -> shard key
@@ -217,13 +140,21 @@ class _Reuse:
                 reuse.where.update(dict.fromkeys(manifest["trajectory_ids"], key))
         return reuse
 
+    def manifest(self, key: str) -> dict[str, Any]:
+        if key not in self.manifests:
+            manifest = committed(self.store, key)
+            if manifest is None:
+                raise LookupError(f"cover: shard {key} to copy decisions from is gone; run again")
+            self.manifests[key] = manifest
+        return self.manifests[key]
+
     def rows(self, trajectory_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """(decision rows, reject rows) of a trajectory decided before."""
         key = self.where[trajectory_id]
         if key not in self._rows:
             if len(self._rows) >= 4:  # shards are read in input order: keep the latest few
                 self._rows.pop(next(iter(self._rows)))
-            objects = self.manifests[key]["objects"]
+            objects = self.manifest(key)["objects"]
             grouped: tuple[dict[str, list], dict[str, list]] = ({}, {})
             for side, kind in zip(grouped, ("decisions", "rejects"), strict=True):
                 for row in iter_rows_from_store(self.store, objects[kind], kind):
@@ -233,48 +164,120 @@ class _Reuse:
         return decisions.get(trajectory_id, []), rejects.get(trajectory_id, [])
 
 
-def score_shards(store: ArtifactStore, trajectories_digest: str, shards: list[Shard], scope: str,
-                 shard_size: int, work: ShardScorer, log: Log, device: str = "", force: bool = False
-                 ) -> dict[str, int]:
-    """Score each of `shards` not committed yet, in order, and commit it; returns counts: shards
-    `scored` (and committed), `dropped` (committed by another writer first), trajectories `reused`.
-    With `force` every shard is scored again (nothing reused) and replaces its manifest."""
-    counts = {"scored": 0, "dropped": 0, "reused": 0}
-    todo = shards if force else [s for s in shards if committed(store, shard_key(scope, s)) is None]
-    work.progress.skip(sum(len(s.ids) for s in shards) - sum(len(s.ids) for s in todo))
+def shard_units(store: ArtifactStore, scope: str, plan: list[Shard], shard_size: int, force: bool) -> list[Unit]:
+    """The units of the shards of `plan` not committed yet (with `force`: all), each with the
+    decisions it copies from committed shards of another size (none with `force`)."""
+    todo = plan if force else [s for s in plan if committed(store, shard_key(scope, s)) is None]
     if not todo:
-        return counts
-    reuse = _Reuse(store) if force else _Reuse.index(store, scope, {shard_key(scope, s) for s in shards})
-    for shard, trajectories in read_shards(store, trajectories_digest, shard_size, todo):
-        key = shard_key(scope, shard)
-        if not force and committed(store, key) is not None:  # another writer finished it meanwhile
-            work.progress.skip(len(trajectories))
-            continue
-        ours, reused = _score_and_commit(store, key, shard, trajectories, reuse, work, device, force)
-        counts["reused"] += reused
-        if ours:
-            counts["scored"] += 1
-            log(f"cover: shard {shard.index} ({len(shard.ids)} trajectories) committed")
-        else:
-            counts["dropped"] += 1
-            log(f"cover: shard {shard.index} was committed by another run meanwhile; this copy is dropped")
-    return counts
+        return []
+    reuse = _Reuse(store) if force else _Reuse.index(store, scope, {shard_key(scope, s) for s in plan})
+    return [{"index": s.index, "start": s.index * shard_size, "ids": list(s.ids),
+             "reuse": {i: reuse.where[i] for i in s.ids if i in reuse.where}} for s in todo]
+
+
+@dataclass
+class CoverJob(UnitJob):
+    """The cover's shards as units: the trajectories object, the model, the cover's settings."""
+
+    trajectories: str
+    policy: PolicyRef
+    config: CoverConfig
+    resources: Resources
+    scope: str
+    make_scorer: Callable[[], Any] | None = None  # this process only: a scorer given to the stage
+
+    kind = "cover-shard"
+    what = "cover"
+    noun = "shards"
+
+    def spec(self) -> dict[str, Any]:
+        if self.make_scorer is not None:
+            raise ValueError("a cover given its own scorer runs its shards in this process: use --executor local")
+        return {"trajectories": self.trajectories, "policy": asdict(self.policy), "config": asdict(self.config),
+                "resources": asdict(self.resources), "scope": self.scope}
+
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any]) -> CoverJob:
+        config, resources = from_dict(CoverConfig, spec["config"]), from_dict(Resources, spec["resources"])
+        policy = PolicyRef(**spec["policy"])
+        check_same_scope("shard", shard_scope(config, resources, policy.digest), spec["scope"])
+        return cls(spec["trajectories"], policy, config, resources, spec["scope"])
+
+    def portable(self, store: ArtifactStore) -> CoverJob:
+        return replace(self, policy=self.policy.stored(store))
+
+    def committed(self, store: ArtifactStore, unit: Unit) -> dict[str, Any] | None:
+        return committed(store, shard_key(self.scope, Shard(unit["index"], tuple(unit["ids"]))))
+
+    def size(self, unit: Unit) -> int:
+        return len(unit["ids"])
+
+    def units_per_process(self, resources: Resources) -> int:
+        return resources.pool_shards
+
+    def worker(self, store: ArtifactStore, device: str, log: Log, publish: Callable[[Any], None] | None = None,
+               planned: list[Unit] | None = None) -> CoverWorker:
+        return CoverWorker(self, store, device, log, publish, planned)
+
+
+class CoverWorker(UnitWorker):
+    """Scores a cover job's shards in this process with one scorer (built on the first shard that
+    needs it) and commits each."""
+
+    def __init__(self, job: CoverJob, store: ArtifactStore, device: str, log: Log,
+                 publish: Callable[[Any], None] | None, planned: list[Unit] | None):
+        from race_core.progress import CoverProgress
+
+        self.job, self.store, self.device = job, store, device
+        total = sum(map(job.size, planned)) if planned is not None else None
+        self.progress = CoverProgress(total, log=log, publish=publish)
+        sized = replace(job.resources, device=device)
+
+        def make_scorer() -> Any:
+            return cover_scorer(job.config, job.policy.local_path(store), sized)
+
+        self.scorer = ShardScorer(job.config, job.policy.digest, job.make_scorer or make_scorer, self.progress)
+        self.reuse = _Reuse(store)
+
+    def do(self, unit: Unit, force: bool = False) -> dict[str, Any]:
+        shard = Shard(unit["index"], tuple(unit["ids"]))
+        key = shard_key(self.job.scope, shard)
+        if not force and committed(self.store, key) is not None:  # another writer finished it meanwhile
+            self.progress.skip(len(shard.ids))
+            return {"committed": False, "skipped": True, "read_bytes": 0, "load_s": 0.0}
+        loaded = self.scorer.load_s
+        trajectories, read = read_shard(self.store, self.job.trajectories, unit)
+        self.reuse.where.update(unit.get("reuse") or {})
+        ours, reused = _score_and_commit(self.store, key, shard, trajectories, self.reuse, self.scorer, self.device,
+                                         read, force)
+        self.progress.log(f"cover: shard {shard.index} ({len(shard.ids)} trajectories) "
+                          + ("committed" if ours else "was committed by another run meanwhile; this copy is dropped"))
+        return {"committed": ours, "skipped": False, "reused": reused, "read_bytes": read,
+                "load_s": round(self.scorer.load_s - loaded, 3)}
+
+    def close(self) -> None:
+        self.progress.close()
+        self.scorer.close()
 
 
 class _Rows(list):
-    """Collects what `_within` refuses (it writes Reject items)."""
+    """Collects what `tasks.cover_scoring._within` refuses (it writes Reject items)."""
 
     def write(self, item: Any) -> None:
         self.append(item)
 
 
 def _score_and_commit(store: ArtifactStore, key: str, shard: Shard, trajectories: list[Trajectory],
-                      reuse: _Reuse, work: ShardScorer, device: str, force: bool) -> tuple[bool, int]:
+                      reuse: _Reuse, work: ShardScorer, device: str, read_bytes: int, force: bool
+                      ) -> tuple[bool, int]:
     """Score the shard's trajectories not decided before, commit the shard; (committed by us, reused)."""
     fresh = [t for t in trajectories if t.id not in reuse.where]
     work.progress.skip(len(trajectories) - len(fresh))
     refused_now = _Rows()
+    began, loaded = time.perf_counter(), work.load_s
     scored, tokens = work.score(fresh, refused_now) if fresh else ([], 0)
+    load_s = work.load_s - loaded
+    score_s = time.perf_counter() - began - load_s
     decided_now: dict[str, list[Any]] = {}
     for row in scored:
         decided_now.setdefault(row["trajectory_id"], []).append(row)
@@ -291,7 +294,7 @@ def _score_and_commit(store: ArtifactStore, key: str, shard: Shard, trajectories
             for trajectory in trajectories:  # rows in shard order, scored now or copied
                 if trajectory.id in reuse.where:
                     rows, rejects = reuse.rows(trajectory.id)
-                    source = source or reuse.manifests[reuse.where[trajectory.id]]
+                    source = source or reuse.manifest(reuse.where[trajectory.id])
                 else:
                     rows, rejects = decided_now.get(trajectory.id, []), refused_by_id.get(trajectory.id, [])
                 decided.write_many(rows)
@@ -307,7 +310,8 @@ def _score_and_commit(store: ArtifactStore, key: str, shard: Shard, trajectories
                "scorer_noise": work.noise if fresh else None, "tokens_processed": tokens,
                "kv_bytes_peak": stats.kv_bytes_peak if stats else 0, "kv_evictions": stats.evictions if stats else 0,
                "context_tokens": work.limit if work.scorer is not None else earlier.get("context_tokens"),
-               "render_mode": work.ctx.render_mode if work.ctx is not None else earlier.get("render_mode")}
+               "render_mode": work.ctx.render_mode if work.ctx is not None else earlier.get("render_mode"),
+               "read_bytes": read_bytes, "load_s": round(load_s, 3), "score_s": round(score_s, 3)}
     record = {"stage": SHARD_STAGE, "key": key, "trajectory_ids": list(shard.ids), "objects": objects,
               "object_sizes": sizes, "metrics": metrics, **unit_provenance(device)}
     return commit_record(store, manifest_record(key), record, force), metrics["reused"]
@@ -315,8 +319,6 @@ def _score_and_commit(store: ArtifactStore, key: str, shard: Shard, trajectories
 
 def merge_shards(store: ArtifactStore, scope: str, plan: list[Shard], log: Log) -> dict[str, Any]:
     """The stage output from its committed shards, in input order: `objects` and `metrics`."""
-    from tasks.stages import _TempDataset
-
     manifests = []
     for shard in plan:
         manifest = committed(store, shard_key(scope, shard))
@@ -324,7 +326,7 @@ def merge_shards(store: ArtifactStore, scope: str, plan: list[Shard], log: Log) 
             raise LookupError(f"cover: shard {shard.index} ({shard_key(scope, shard)}) has no usable manifest "
                               "after scoring: run again to score it")
         manifests.append(manifest)
-    with _TempDataset(store, "decisions") as decided, _TempDataset(store, "rejects") as refused:
+    with TempDataset(store, "decisions") as decided, TempDataset(store, "rejects") as refused:
         for manifest in manifests:
             decided.writer.write_many(iter_rows_from_store(store, manifest["objects"]["decisions"], "decisions"))
             refused.writer.write_many(iter_rows_from_store(store, manifest["objects"]["rejects"], "rejects"))

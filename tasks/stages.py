@@ -30,63 +30,17 @@ from typing import Any
 
 import fsspec
 
-from race_core.config import CoverConfig, IngestConfig, Resources, key_fields
+from race_core.config import CoverConfig, IngestConfig, Resources
 from race_core.importers import RACE, ImportStats, import_stream
 from race_core.progress import ProgressFigures
 from race_core.schema import DUPLICATE, Duplicates, Reject, Trajectory, iter_jsonl_stream
-from storage import ArtifactStore, stage_key
-from storage.parquet import (
-    DatasetWriter,
-    compressed_row,
-    iter_rows_from_store,
-    row_to_trajectory,
-)
-from tasks.fingerprints import stage_code
-
-Log = Callable[[str], None]
-
-
-def _quiet(_: str) -> None:
-    return None
-
-
-class StageNotRun(LookupError):
-    """A stage left out of a run has no usable stored output for these inputs."""
-
-    def __init__(self, stage: str, damage: str | None = None):
-        self.stage = stage
-        held = f"its stored output is damaged ({damage})" if damage else "the store holds no output of it"
-        super().__init__(f"stage {stage!r} was not selected and {held} for these inputs and settings: "
-                         f"add {stage!r} to the stages to run")
-
-
-def run_stage(store: ArtifactStore, stage: str, version: int, config: dict[str, Any],
-              inputs: dict[str, str], model_digest: str | None,
-              compute: Callable[[], dict[str, Any]], only_cached: bool = False, force: bool = False,
-              log: Log = _quiet) -> dict[str, Any]:
-    """Return the stage's manifest, computing it only when the store has no usable one under its key.
-
-    A stored manifest is reused only if every object it reaches is there at its recorded size
-    (`ArtifactStore.manifest_damage`; reads verify digests and quarantine a corrupt object, so it
-    counts as missing here on the next run); a damaged one is recomputed, and so is any with `force`.
-    A returned manifest carries `cached` and `wall_s` (this call's time; a computed manifest
-    stores its compute time as `wall_s` too)."""
-    started = time.perf_counter()
-    key = stage_key(stage, version, config, inputs, model_digest, stage_code(stage, config))
-    existing = None if force else store.read_manifest(stage, key)
-    damage = store.manifest_damage(existing) if existing is not None else None
-    if existing is not None and damage is None:
-        return {**existing, "cached": True, "wall_s": round(time.perf_counter() - started, 3)}
-    if only_cached:
-        raise StageNotRun(stage, damage)
-    if damage or force:
-        log(f"{stage}: recomputing ({damage or 'forced'})")
-    produced = compute()
-    manifest = store.write_manifest(stage, key, {
-        **produced, "inputs": inputs, "config": config, "model_digest": model_digest,
-        "wall_s": round(time.perf_counter() - started, 3),
-    })
-    return {**manifest, "cached": False}
+from storage import ArtifactStore
+from storage.parquet import compressed_row, iter_rows_from_store
+from tasks import shards
+from tasks.base import Log, StageNotRun, TempDataset, _quiet, iter_trajectories, run_stage  # noqa: F401 - re-exported
+from tasks.cover_scoring import cover_key_config, cover_scorer  # noqa: F401 - cover_scorer: re-exported
+from tasks.executors import executor_for
+from tasks.policy_ref import PolicyRef
 
 
 # -- ingest + validate -------------------------------------------------------------------------
@@ -198,7 +152,7 @@ def ingest(store: ArtifactStore, inputs: Iterable[str], config: IngestConfig = I
     files_read: dict[str, dict[str, Any]] = {}
     duplicates, first = 0, Duplicates()
     imported = ImportStats()
-    with _TempDataset(store, "trajectories") as good, _TempDataset(store, "rejects") as bad:
+    with TempDataset(store, "trajectories") as good, TempDataset(store, "rejects") as bad:
         for f in files:
             for item in _read_items(f, config, files_read, imported, first):
                 if isinstance(item, Reject):
@@ -239,54 +193,7 @@ def _canonical_inputs(digests: dict[str, str]) -> str:
     return hashlib.sha256("\n".join(sorted(digests.values())).encode()).hexdigest()
 
 
-class _TempDataset:
-    """A Parquet dataset streamed to a temp file, put into the store on close."""
-
-    def __init__(self, store: ArtifactStore, kind: str):
-        import tempfile
-
-        self.store, self.kind = store, kind
-        self._dir = tempfile.TemporaryDirectory(prefix=f"race-{kind}-")
-        self.path = f"{self._dir.name}/{kind}.parquet"
-        self.writer = DatasetWriter(kind, self.path)
-        self.digest: str | None = None
-
-    @property
-    def rows(self) -> int:
-        return self.writer.rows
-
-    def __enter__(self) -> _TempDataset:
-        return self
-
-    def __exit__(self, exc_type, *rest) -> None:
-        try:
-            self.writer.close()
-            if exc_type is None:
-                self.digest = self.store.put_file(self.path)
-        finally:
-            self._dir.cleanup()
-
-
-def iter_trajectories(store: ArtifactStore, digest: str, kind: str = "trajectories") -> Iterator[Trajectory]:
-    for row in iter_rows_from_store(store, digest, kind):
-        yield row_to_trajectory(row)
-
-
 # -- cover + compress --------------------------------------------------------------------------
-def cover_key_config(config: CoverConfig, resources: Resources) -> dict[str, Any]:
-    """What the cover's decisions depend on: its config and the dtype the model ran in."""
-    return {**key_fields(config), "dtype": resources.dtype}
-
-
-def cover_scorer(config: CoverConfig, checkpoint: str, resources: Resources):
-    """The scorer the cover stage builds when it is given none (the ε sweep builds its shared one here)."""
-    from race_core.scoring import make_scorer
-
-    kv = {"kv_budget": resources.kv_budget} if config.backend == "hf" else {}  # vLLM sizes its own cache
-    return make_scorer(config.backend, checkpoint, device=resources.device, dtype=resources.dtype,
-                       batch_size=resources.batch_size, **kv)
-
-
 def cover(store: ArtifactStore, trajectories_digest: str, checkpoint: str, model_digest: str,
           config: CoverConfig = CoverConfig(), resources: Resources = Resources(),
           log: Log = _quiet, scorer_factory: Callable[[], Any] | None = None,
@@ -295,55 +202,24 @@ def cover(store: ArtifactStore, trajectories_digest: str, checkpoint: str, model
     Parquet, and `rejects` for the trajectories whose rendering is longer than the model's context
     (or `config.max_tokens`): those are not scored (code `too_long`, with the token count).
 
-    Progress (`race_core.progress.CoverProgress`): a bar on a terminal, else a line through `log`
-    now and then; `on_progress(figures)` after every round."""
+    The shards not committed yet are units of a `tasks.shards.CoverJob`, run by the executor that
+    `resources` names (`tasks.executors`: this process, a Prefect work pool, Ray); then the
+    committed shards are merged. Progress (`race_core.progress.CoverProgress`): a bar on a
+    terminal, else a line through `log` now and then; `on_progress(figures)` as it goes."""
 
     def compute() -> dict[str, Any]:
-        from race_core.progress import CoverProgress
-        from tasks import shards
-
         scope = shards.shard_scope(config, resources, model_digest)
         plan = shards.plan_shards(store, trajectories_digest, resources.shard_size)
-        todo = plan if force else [s for s in plan if shards.committed(store, shards.shard_key(scope, s)) is None]
+        todo = shards.shard_units(store, scope, plan, resources.shard_size, force)
         log(f"cover: {len(plan)} shard(s) of up to {resources.shard_size}; {len(plan) - len(todo)} committed before")
-        if todo and resources.pool:  # child flow runs on the pool's workers (tasks.pool)
-            from tasks.pool import score_on_pool
-
-            score_on_pool(store, trajectories_digest, checkpoint, model_digest, config, resources, scope, todo, log,
-                          force=force, on_progress=on_progress)
-        elif todo:
-            shown = CoverProgress(sum(len(s.ids) for s in plan), log=log, publish=on_progress)
-            shown.skip(sum(len(s.ids) for s in plan) - sum(len(s.ids) for s in todo))
-            work = shards.ShardScorer(config, model_digest, scorer_factory or (
-                lambda: cover_scorer(config, checkpoint, resources)), shown)
-            try:
-                shards.score_shards(store, trajectories_digest, todo, scope, resources.shard_size, work, shown.log,
-                                    device=resources.device, force=force)
-            finally:
-                shown.close()
-                work.close()
+        if todo:
+            job = shards.CoverJob(trajectories_digest, PolicyRef(model_digest, path=checkpoint), config, resources,
+                                  scope, make_scorer=scorer_factory)
+            executor_for(resources).run(job, todo, store, resources, log, force=force, on_progress=on_progress)
         return shards.merge_shards(store, scope, plan, log)
 
     return run_stage(store, "cover", 1, cover_key_config(config, resources), {"trajectories": trajectories_digest},
                      model_digest, compute, only_cached, force, log)
-
-
-def _within(shard: list[Trajectory], renderer, limit: int | None, max_tokens: int, refused: DatasetWriter,
-            log: Log) -> list[Trajectory]:
-    """The trajectories of `shard` that fit in `limit` tokens; the others become `too_long` rejects."""
-    if limit is None or renderer is None:
-        return shard
-    kept = []
-    for trajectory in shard:
-        length = len(renderer.render(trajectory))
-        if length <= limit:
-            kept.append(trajectory)
-            continue
-        bound = "--max-tokens" if max_tokens and limit == max_tokens else "the model's context"
-        refused.write(Reject(file="", line=0, code="too_long", field="turns", trajectory_id=trajectory.id,
-                             message=f"renders to {length} tokens, over {bound} of {limit}: not scored"))
-        log(f"cover: trajectory {trajectory.id[:12]} renders to {length} tokens (limit {limit}): rejected as too_long")
-    return kept
 
 
 def compress(store: ArtifactStore, trajectories_digest: str, decisions_digest: str, checkpoint: str,
@@ -388,7 +264,7 @@ def write_compressed(store: ArtifactStore, removals: Iterable[tuple[Trajectory, 
 
     renderer = Renderer(load_tokenizer(checkpoint))
     before = after = removed = 0
-    with _TempDataset(store, "compressed") as out:
+    with TempDataset(store, "compressed") as out:
         for original, turns in removals:
             skipped = sorted(turns)
             compressed = remove_reasoning(original, skipped)
@@ -421,7 +297,7 @@ def select_new(store: ArtifactStore, trajectories_digests: list[str], model_dige
     done = catalog.compressed_ids(scope)
     seen: set[str] = set()
     total = 0
-    with _TempDataset(store, "trajectories") as out:
+    with TempDataset(store, "trajectories") as out:
         for digest in trajectories_digests:
             for trajectory in iter_trajectories(store, digest):
                 total += 1

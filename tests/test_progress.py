@@ -146,7 +146,7 @@ def test_the_prefect_cover_task_publishes_the_same_figures(prefect_harness, tiny
 
 
 def test_a_pool_adds_up_its_children_and_predicts_the_silent_ones():
-    """`tasks.pool` reads each child run's figures from its lease; a child not heard from yet is
+    """`tasks.executors.pool` reads each child run's figures from its lease; a child not heard from yet is
     predicted at the mean work per trajectory of the others, a finished one counts as done."""
     from race_core.progress import combine_figures
 

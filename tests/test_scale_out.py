@@ -1,10 +1,14 @@
-"""Scale-out on loopback (issue 16): a real `prefect server start`, a moto S3 server as the store,
-`race serve` (the pool, the `gpu` limit, the shard and sample-chunk deployments) and two `race
-worker` processes on CPU. `race run --pool race-gpu` scores the cover's shards as child flow runs on
-the workers: every decision equals the one-process cover's. Then a run during which one worker's
-process group is SIGKILLed while its child run holds a lease: the run completes, the dead worker's
-shards scored on the other one, each shard committed once, every object in the store intact. Last,
-the sample stage's chunks played on the pool: the same rollouts as one process."""
+"""Scale-out on loopback: a real `prefect server start`, a moto S3 server as the store, `race serve`
+(the pool and its `race-units` deployment, by module entrypoint) and two `race worker` processes on
+CPU, each started in a working folder of its own, with no checkpoint: the model reaches them only
+as an object of the store. `race run --pool race-gpu` scores the cover's shards as child flow runs
+on the workers: the decisions object is the one-process cover's, byte for byte, and both workers
+fetched the model (once each) and scored shards. Then a run during which one worker's process group
+is SIGKILLed while its child run holds a lease: the run completes, the dead worker's shards scored
+on the other one, each shard committed once, every object in the store intact. Then the sample
+stage's chunks played on the pool: the same rollouts as one process. Last, the parent's side alone:
+300 child runs of tiny units (paging past the server's 200 runs per read), and child runs that no
+worker takes (the run fails saying so)."""
 
 import json
 import os
@@ -22,7 +26,9 @@ from race_core.config import CoverConfig, Resources
 from race_core.policy import checkpoint_digest
 from storage import ArtifactStore, read_dataset_from_store
 from tasks import stages
+from tasks.policy_ref import STORED_STAGE
 from tasks.shards import SHARD_STAGE, plan_shards, shard_key, shard_scope
+from tasks.units import UnitJob, UnitWorker, commit_record
 
 pytestmark = pytest.mark.slow
 
@@ -70,8 +76,7 @@ def loopback(tmp_path_factory, tiny_checkpoint):
             patch.setenv(name, env[name])
         patch.delenv("AWS_SESSION_TOKEN", raising=False)
         serve = start("serve", [sys.executable, "-m", "flows.cli", "serve", "--checkpoint", str(tiny_checkpoint),
-                                "--store", f"s3://{BUCKET}/served", "--inbox", str(tmp / "inbox" / "*.jsonl"),
-                                "--gpu-slots", "2"])
+                                "--store", f"s3://{BUCKET}/served", "--inbox", str(tmp / "inbox" / "*.jsonl")])
         wait_until(lambda: serve.poll() is not None and pytest.fail(_tail(tmp / "serve.log")) or
                    "work pool 'race-gpu'" in (tmp / "serve.log").read_text(), 180, "race serve to deploy the pool")
         yield env, tmp
@@ -119,10 +124,22 @@ def baseline(tiny_checkpoint, tmp_path_factory):
     return inputs, manifest["objects"]["decisions"], decisions
 
 
-def _workers(start_worker, n: int = 2) -> list[subprocess.Popen]:
-    return [start_worker(f"worker{i}", [sys.executable, "-m", "flows.cli", "worker", "--pool", "race-gpu",
-                                        "--device", "cpu", "--name", f"w{i}-{time.monotonic_ns()}"])
-            for i in range(n)]
+def _workers(processes, n: int = 2) -> list[subprocess.Popen]:
+    """`race worker`s, each in a working folder of its own (its checkpoint cache lands there)."""
+    started = []
+    for i in range(n):
+        home = processes.tmp / f"{processes.name}-worker{i}"
+        home.mkdir()
+        started.append(processes.start(f"worker{i}", [sys.executable, "-m", "flows.cli", "worker", "--pool",
+                                                      "race-gpu", "--device", "cpu", "--name",
+                                                      f"w{i}-{time.monotonic_ns()}"], cwd=home))
+    return started
+
+
+def _fetched(processes, folder: str) -> list[bool]:
+    """For each worker: did it fetch the checkpoint object `folder` into its own cache?"""
+    return [(processes.tmp / f"{processes.name}-worker{i}" / ".race" / "cache" / "checkpoints" / folder /
+             ".complete").exists() for i in range(2)]
 
 
 def _race_run(env, inputs, checkpoint, store_url: str, log: Path, pool_shards: int) -> subprocess.Popen:
@@ -155,10 +172,11 @@ class _Processes:
     def __init__(self, env: dict, tmp: Path, name: str):
         self.env, self.tmp, self.name, self.logs, self.procs = env, tmp, name, [], []
 
-    def start(self, label: str, argv: list[str]) -> subprocess.Popen:
+    def start(self, label: str, argv: list[str], cwd: Path = REPO) -> subprocess.Popen:
         self.logs.append(open(self.tmp / f"{self.name}-{label}.log", "w"))
-        self.procs.append(subprocess.Popen(argv, env=self.env, stdout=self.logs[-1], stderr=subprocess.STDOUT,
-                                           cwd=REPO, start_new_session=True))
+        env = {k: v for k, v in self.env.items() if k != "RACE_CHECKPOINT_CACHE"}
+        self.procs.append(subprocess.Popen(argv, env=env, stdout=self.logs[-1], stderr=subprocess.STDOUT,
+                                           cwd=cwd, start_new_session=True))
         return self.procs[-1]
 
     def tails(self) -> str:
@@ -177,7 +195,7 @@ def _run_with_workers(loopback, baseline, tiny_checkpoint, name: str, pool_shard
     processes = _Processes(env, tmp, name)
     store = ArtifactStore(f"s3://{BUCKET}/{name}")
     run_log = tmp / f"{name}-run.log"
-    workers = _workers(processes.start)
+    workers = _workers(processes)
     started = time.monotonic()
     run = _race_run(env, inputs, tiny_checkpoint, store.url, run_log, pool_shards)
     killed = None
@@ -198,19 +216,23 @@ def _run_with_workers(loopback, baseline, tiny_checkpoint, name: str, pool_shard
     finally:
         _kill(run)
         processes.stop()
-    return env, store, run_log, wall, killed
+    return processes, store, run_log, wall, killed, run.pid
+
+
+def _ingested(store: ArtifactStore) -> str:
+    [ingest_key] = store.list_manifests("ingest")
+    return store.read_manifest("ingest", ingest_key)["objects"]["trajectories"]
 
 
 def _expected(store: ArtifactStore, summary: dict, checkpoint) -> tuple[str, set[str]]:
     digest = checkpoint_digest(checkpoint)
     scope = shard_scope(CoverConfig(), Resources(), digest)
-    [ingest_key] = store.list_manifests("ingest")
-    trajectories = store.read_manifest("ingest", ingest_key)["objects"]["trajectories"]
-    return scope, {shard_key(scope, s) for s in plan_shards(store, trajectories, SHARD_SIZE)}
+    return scope, {shard_key(scope, s) for s in plan_shards(store, _ingested(store), SHARD_SIZE)}
 
 
 def test_a_run_spread_over_two_workers_decides_as_one_process(loopback, baseline, tiny_checkpoint):
-    env, store, run_log, wall, _ = _run_with_workers(loopback, baseline, tiny_checkpoint, "pool", 2, kill=False)
+    processes, store, run_log, wall, _, run_pid = _run_with_workers(loopback, baseline, tiny_checkpoint, "pool", 1,
+                                                                    kill=False)
     summary = _summary(run_log)
     _, decisions_digest, decisions = baseline
     assert summary["objects"]["decisions"] == decisions_digest  # the same bytes as the one-process cover
@@ -219,17 +241,26 @@ def test_a_run_spread_over_two_workers_decides_as_one_process(loopback, baseline
     scope, keys = _expected(store, summary, tiny_checkpoint)
     assert len(keys) == 4
     _check_store(store, scope, keys)
-    # the shards were scored by the workers' child runs, not by `race run` itself
     log = run_log.read_text()
-    assert log.count("submitted to pool 'race-gpu'") == 2, log[-3000:]
-    assert "cover: 2 of 2 child run(s) done on pool 'race-gpu'" in log, log[-3000:]
-    writers = {store.read_manifest(SHARD_STAGE, k)["created_by"] for k in keys}
+    assert log.count("submitted to pool 'race-gpu'") == 4, log[-3000:]  # one child run per shard
+    assert "cover: 4 of 4 child run(s) done on pool 'race-gpu'" in log, log[-3000:]
+    # the model reached the workers only through the store: each fetched it once into its own folder
+    folder = store.read_manifest(STORED_STAGE, checkpoint_digest(tiny_checkpoint))["objects"]["checkpoint"]
+    assert _fetched(processes, folder) == [True, True]  # both workers ran child runs
+    # the shards were written by the workers' child runs, not by `race run` itself, each read alone
+    manifests = [store.read_manifest(SHARD_STAGE, k) for k in keys]
+    writers = {m["created_by"] for m in manifests}
+    assert len(writers) == 4 and str(run_pid) not in {w.split(":")[1] for w in writers}
+    # each read its rows alone: on this 8-row object (one row group) its footer and that row group,
+    # nearly all of it (tests/test_shards.py: a larger object, a fraction)
+    size = store.fs.size(store.object_path(_ingested(store)))
+    assert all(0 < m["metrics"]["read_bytes"] <= size for m in manifests), [m["metrics"] for m in manifests]
     print(f"pool run: {wall:.1f} s wall, shards written by {sorted(writers)}")
 
 
 def test_a_worker_killed_mid_run_leaves_a_complete_uncorrupted_result(loopback, baseline, tiny_checkpoint):
-    env, store, run_log, wall, killed = _run_with_workers(loopback, baseline, tiny_checkpoint, "kill", 1,
-                                                          kill=True)
+    _, store, run_log, wall, killed, _ = _run_with_workers(loopback, baseline, tiny_checkpoint, "kill", 1,
+                                                           kill=True)
     assert killed is not None and killed.returncode == -signal.SIGKILL
     summary = _summary(run_log)
     _, decisions_digest, decisions = baseline
@@ -268,7 +299,7 @@ def test_sample_chunks_played_on_the_pool_are_the_rollouts_of_one_process(loopba
     processes = _Processes(env, tmp, "sample")
     store = ArtifactStore(f"s3://{BUCKET}/sample")
     try:
-        _workers(processes.start)
+        _workers(processes)
         started = time.monotonic()
         run = processes.start("run", [sys.executable, "-c", POOL_SAMPLE, store.url, str(smoke_policy),
                                       json.dumps(SAMPLE_CONFIG)])
@@ -278,22 +309,47 @@ def test_sample_chunks_played_on_the_pool_are_the_rollouts_of_one_process(loopba
         processes.stop()
     log = (tmp / "sample-run.log").read_text()
     pooled = json.loads(log.strip().splitlines()[-1])["rollouts"]
-    difference = _first_difference(ArtifactStore(tmp_path / "store"), store, one, pooled)
-    assert difference is None, difference
-    print("pooled rollouts: " + ("the same bytes" if pooled == one["objects"]["rollouts"] else
-                                 "the same episodes, log-probs within float rounding"))
+    if pooled == one["objects"]["rollouts"]:
+        print("pooled rollouts: byte-identical to one process's")
+    else:  # the documented alternative: the same episodes, log-probs apart by at most 10x the kernels' noise
+        noise = _thread_noise(smoke_policy, RLConfig(**SAMPLE_CONFIG))
+        difference = _first_difference(ArtifactStore(tmp_path / "store"), store, one, pooled, 10 * noise)
+        print(f"pooled rollouts: not byte-identical; the same episodes with log-probs within 10 x {noise:.2e}, the "
+              "difference one process measures between thread counts")
+        assert noise > 0 and difference is None, difference or "rollouts differ, yet no kernel noise was measured"
     assert log.count("submitted to pool 'race-gpu'") == 2, log[-3000:]  # one child run per chunk
     records = [store.read_record(f"stages/{CHUNK_STAGE}/{name}") for name in store.list_records(f"stages/{CHUNK_STAGE}")]
     assert len(records) == 2 and all(r["created_by"].split(":")[1] != str(run.pid) for r in records)
+    assert len({r["created_by"] for r in records}) == 2  # two child runs, one per chunk
     assert not store.fs.glob(f"{store.root}/leases/*.json")  # the children removed their leases
     print(f"pooled sample: {wall:.1f} s wall, chunks written by {sorted(r['created_by'] for r in records)}")
 
 
+def _thread_noise(policy, config) -> float:
+    """The largest log-prob difference between playing chunk 0 with this process's threads and with
+    one thread: how far the CPU kernels' float sums move when a process computes with another
+    thread count (the one way a worker process computes otherwise than this one)."""
+    import torch
 
-def _first_difference(local: ArtifactStore, pool: ArtifactStore, one: dict, pooled: str) -> str | None:
+    from race_core.policy import load_policy
+    from race_core.rollout import sample_rollouts
+
+    model, tokenizer = load_policy(policy)
+    threads = torch.get_num_threads()
+    default = sample_rollouts(model, tokenizer, config, 0, chunk=0)
+    torch.set_num_threads(1)
+    try:
+        single = sample_rollouts(model, tokenizer, config, 0, chunk=0)
+    finally:
+        torch.set_num_threads(threads)
+    return max((abs(x - y) for a, b in zip(default, single, strict=True) if a.token_ids == b.token_ids
+                for x, y in zip(a.old_logprobs, b.old_logprobs, strict=True)), default=0.0)
+
+
+def _first_difference(local: ArtifactStore, pool: ArtifactStore, one: dict, pooled: str, tolerance: float
+                      ) -> str | None:
     """Where the pool's rollouts first differ from one process's, or None: the same episodes (tasks,
-    tokens, roles, rewards) with log-probs within float rounding (a worker process's kernels may sum
-    in another order: the 5th digit moved in some runs here)."""
+    tokens, roles, rewards) with log-probs at most `tolerance` apart."""
     from race_core.rollout import rollouts_from_json
 
     ours = rollouts_from_json(local.get_bytes(one["objects"]["rollouts"]).decode("utf-8"))
@@ -303,8 +359,138 @@ def _first_difference(local: ArtifactStore, pool: ArtifactStore, one: dict, pool
     for a, b in zip(ours, theirs, strict=True):
         for name in vars(a):
             x, y = getattr(a, name), getattr(b, name)
-            if name == "old_logprobs" and len(x) == len(y) and max(map(abs, map(float.__sub__, x, y)), default=0) < 1e-3:
+            if name == "old_logprobs" and len(x) == len(y) and max(map(abs, map(float.__sub__, x, y)),
+                                                                   default=0) <= tolerance:
                 continue
             if x != y:
                 return f"rollout group {a.group} sample {a.sample_index}: {name} differs: {str(x)[:400]} vs {str(y)[:400]}"
     return None
+
+
+# -- the parent's side alone: paging through many children, children no worker takes ------------
+class NoteJob(UnitJob):
+    """Tiny units for the parent's tests: a unit commits a small record, no model."""
+
+    kind, what, noun = "note", "note", "notes"
+
+    def __init__(self, scope: str):
+        self.scope = scope
+
+    def spec(self) -> dict:
+        return {"scope": self.scope}
+
+    @classmethod
+    def from_spec(cls, spec: dict) -> "NoteJob":
+        return cls(spec["scope"])
+
+    def committed(self, store, unit):
+        return store.read_record(f"stages/note/{self.scope}-{unit['index']}.json")
+
+    def worker(self, store, device, log, publish=None, planned=None):
+        job = self
+
+        class Worker(UnitWorker):
+            def do(self, unit, force=False):
+                ours = commit_record(store, f"stages/note/{job.scope}-{unit['index']}.json", {"unit": unit}, force)
+                return {"committed": ours, "skipped": False, "read_bytes": 0, "load_s": 0.0}
+
+        return Worker()
+
+
+@pytest.fixture
+def parent_side(loopback, monkeypatch):
+    """This process as a client of the loopback server, with the `note` unit kind known."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from tasks.units import UNIT_KINDS
+
+    env, _ = loopback
+    monkeypatch.setitem(UNIT_KINDS, "note", f"{__name__}:NoteJob")
+    with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"]}):
+        yield
+
+
+def _carry(pool: str, store: ArtifactStore, done) -> int:
+    """Plays the pool's workers (instead of 300 process starts, about 10 minutes here): each child run
+    of `race-units/<pool>` that is scheduled is set Running, its units done by the job's own worker
+    (`tasks.units.job_from_spec`, as the child flow does), then set Completed."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        DeploymentFilter,
+        DeploymentFilterName,
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Completed, Running
+
+    from tasks.units import job_from_spec
+
+    carried = 0
+    with get_client(sync_client=True) as client:
+        while not done():
+            for run in client.read_flow_runs(
+                    deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[pool])),
+                    flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(
+                        any_=[StateType.SCHEDULED]))), limit=200):
+                client.set_flow_run_state(run.id, Running(), force=True)
+                worker = job_from_spec(run.parameters["kind"], run.parameters["spec"]).worker(store, "cpu", print)
+                for unit in run.parameters["units"]:
+                    worker.do(unit)
+                client.set_flow_run_state(run.id, Completed(), force=True)
+                carried += 1
+            time.sleep(0.5)
+    return carried
+
+
+def test_a_parent_follows_300_child_runs_past_the_servers_page(parent_side, tmp_path):
+    import contextvars
+    import threading
+
+    from deployments import prepare_pool
+    from tasks.executors.pool import PAGE, PoolExecutor
+
+    prepare_pool("race-paging", log=print)
+    store, lines, outcome = ArtifactStore(tmp_path / "store"), [], {}
+    units = [{"index": i} for i in range(300)]
+    assert len(units) > PAGE
+
+    def parent() -> None:
+        try:
+            PoolExecutor().run(NoteJob("p"), units, store, Resources(pool="race-paging", pickup_timeout=120),
+                               lines.append)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            outcome["error"] = exc
+
+    started = time.monotonic()
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(parent,))  # this server's settings
+    thread.start()
+    carried = _carry("race-paging", store, lambda: not thread.is_alive())
+    thread.join()
+    assert "error" not in outcome, outcome.get("error")
+    assert carried == 300 and len(store.list_records("stages/note")) == 300
+    assert "note: 300 of 300 child run(s) done on pool 'race-paging'" in lines[-1], lines[-3:]
+    assert not any("go again" in line for line in lines)  # no child was taken for lost and resubmitted
+    print(f"300 child runs followed in {time.monotonic() - started:.0f} s")
+
+
+def test_child_runs_no_worker_takes_fail_the_run_saying_so(parent_side, tmp_path):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+
+    from deployments import prepare_pool
+    from tasks.executors import UnitsFailed
+    from tasks.executors.pool import PoolExecutor
+
+    prepare_pool("race-idle", log=print)
+    started = time.monotonic()
+    with pytest.raises(UnitsFailed, match=r"no worker of pool 'race-idle' took any of 3 waiting child run\(s\) in "
+                                          r"\d+ s \(resources.pickup_timeout\), and none is online: start `race "
+                                          r"worker --pool race-idle"):
+        PoolExecutor().run(NoteJob("idle"), [{"index": i} for i in range(3)], ArtifactStore(tmp_path / "store"),
+                           Resources(pool="race-idle", pickup_timeout=6), print)
+    assert time.monotonic() - started < 60
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=["race-idle"])))
+    assert len(runs) == 3 and all(r.state.is_cancelled() for r in runs)  # none left to start later

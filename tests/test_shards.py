@@ -108,19 +108,75 @@ def test_a_second_writer_of_a_shard_is_dropped(ingested):
     store, trajectories, checkpoint, digest = ingested
     plan = shards.plan_shards(store, trajectories, 4)
     scope = shards.shard_scope(CoverConfig(), Resources(), digest)
-    shard, batch = next(shards.read_shards(store, trajectories, 4, plan[:1]))
-    key = shards.shard_key(scope, shard)
+    [unit] = shards.shard_units(store, scope, plan[:1], 4, force=False)
+    batch, read = shards.read_shard(store, trajectories, unit)
+    assert [t.id for t in batch] == list(plan[0].ids)
+    key = shards.shard_key(scope, plan[0])
 
     def writer():
         from race_core.progress import CoverProgress
 
         return shards.ShardScorer(CoverConfig(), digest, lambda: Recording(checkpoint), CoverProgress(4, log=print))
 
-    first = shards._score_and_commit(store, key, shard, batch, shards._Reuse(store), writer(), "cpu", False)
+    first = shards._score_and_commit(store, key, plan[0], batch, shards._Reuse(store), writer(), "cpu", read, False)
     committed = store.read_record(shards.manifest_record(key))
-    late = shards._score_and_commit(store, key, shard, batch, shards._Reuse(store), writer(), "cpu", False)
+    late = shards._score_and_commit(store, key, plan[0], batch, shards._Reuse(store), writer(), "cpu", read, False)
     assert first == (True, 0) and late == (False, 0)
     assert store.read_record(shards.manifest_record(key)) == committed  # the first copy stands
+
+
+@pytest.fixture
+def many(tmp_path):
+    """1280 trajectories ingested: 20 row groups of 64 rows (`tasks.base.TRAJECTORY_ROW_GROUP`)."""
+    from tasks.local import demo_inputs
+
+    store = ArtifactStore(tmp_path / "store")
+    manifest = stages.ingest(store, demo_inputs(tmp_path / "home", n=1280, seed=3))
+    return store, manifest["objects"]["trajectories"]
+
+
+def test_a_shard_reads_only_the_row_groups_that_hold_it(many):
+    import pyarrow.parquet as pq
+
+    from tasks.base import TRAJECTORY_ROW_GROUP
+
+    store, trajectories = many
+    size = store.fs.size(store.object_path(trajectories))
+    groups = pq.ParquetFile(store.object_path(trajectories)).metadata.num_row_groups
+    assert groups == 20 and TRAJECTORY_ROW_GROUP == 64
+    plan = shards.plan_shards(store, trajectories, 64)
+    unit = {"index": 2, "start": 128, "ids": list(plan[2].ids)}
+    batch, read = shards.read_shard(store, trajectories, unit)
+    every = [t.id for t in stages.iter_trajectories(store, trajectories)]
+    assert [t.id for t in batch] == every[128:192]
+    # one row group of twenty and the footer (which lists all twenty): well under a quarter of the object
+    print(f"shard 2 of 20: {read} of {size} bytes read")
+    assert read < size / 4
+
+
+def test_a_shard_of_a_corrupt_object_names_it_and_quarantines_it(many):
+    from storage import CorruptObjectError
+
+    store, trajectories = many
+    plan = shards.plan_shards(store, trajectories, 64)
+    path = store.object_path(trajectories)
+    data = bytearray(open(path, "rb").read())
+    middle = len(data) // 2
+    data[middle:middle + 64] = bytes(64)  # zero a stretch inside a row group's pages
+    open(path, "wb").write(bytes(data))
+    units = [{"index": s.index, "start": s.index * 64, "ids": list(s.ids)} for s in plan]
+    with pytest.raises(CorruptObjectError, match=trajectories):
+        for unit in units:
+            shards.read_shard(store, trajectories, unit)
+    assert not store.has_object(trajectories)  # moved aside: the next run recomputes ingest
+
+
+def test_a_shard_whose_rows_are_not_the_planned_ones_is_an_error(many):
+    store, trajectories = many
+    plan = shards.plan_shards(store, trajectories, 64)
+    shifted = {"index": 1, "start": 65, "ids": list(plan[1].ids)}
+    with pytest.raises(ValueError, match="not the planned ones"):
+        shards.read_shard(store, trajectories, shifted)
 
 
 def test_a_shard_plan_keyed_by_content_not_position(ingested):
@@ -131,16 +187,22 @@ def test_a_shard_plan_keyed_by_content_not_position(ingested):
     assert shards.shard_key(scope, moved) == shards.shard_key(scope, plan[0])
     assert shards.shard_scope(CoverConfig(epsilon=0.002), Resources(), digest) != scope
     assert shards.shard_scope(CoverConfig(), Resources(shard_size=9, pool="race-gpu"), digest) == scope
+    where = Resources(executor="ray", ray_address="10.0.0.1:6379", ray_actors=3, pickup_timeout=5)
+    assert shards.shard_scope(CoverConfig(), where, digest) == scope  # where units run is not keyed
     with pytest.raises(ValueError, match="resources.shard_size"):
         shards.plan_shards(store, trajectories, 0)
 
 
-def test_race_worker_is_a_process_worker_of_the_pool_on_its_device():
+def test_race_worker_is_a_process_worker_of_the_pool_on_its_device(tmp_path, monkeypatch):
     from flows.worker_cli import worker_command
 
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RACE_CHECKPOINT_CACHE", raising=False)
     argv, env = worker_command("race-gpu", "cuda:1", name="w1")
     assert argv[1:] == ["-m", "prefect", "worker", "start", "--pool", "race-gpu", "--type", "process",
                         "--limit", "1", "--name", "w1"]
     assert env["RACE_DEVICE"] == "cuda:1"
+    # child runs start in temporary folders: the checkpoint cache is the worker's folder's, absolute
+    assert env["RACE_CHECKPOINT_CACHE"] == str(tmp_path / ".race" / "cache" / "checkpoints")
     with pytest.raises(ValueError, match="--device"):
         worker_command("race-gpu", "gpu1")
