@@ -170,7 +170,8 @@ def test_a_library_version_change_changes_the_key_of_stages_that_use_it(monkeypa
     real = fingerprints.installed_version
     monkeypatch.setattr(fingerprints, "installed_version", lambda name: "9.9.9" if name == "torch" else real(name))
     after = _keys()
-    assert {stage for stage in before if before[stage] != after[stage]} == {"cover", "sft", "sample", "rl", "evaluate"}
+    assert {stage for stage in before if before[stage] != after[stage]} == {"cover", "sft", "sample", "rl", "evaluate",
+                                                                               "bootstrap"}
     assert after["cover"]["libraries"]["torch"] == "9.9.9"
 
 
