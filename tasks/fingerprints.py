@@ -37,11 +37,12 @@ STAGE_SOURCES: dict[str, tuple[str, ...]] = {
     "compress": ("race_core/decisions.py", *_RENDER, "storage/parquet.py", "tasks/stages.py"),
     "arm": ("race_core/ablation.py", "race_core/envs/expert.py", "race_core/decisions.py", *_RENDER,
             "storage/parquet.py", "tasks/stages.py", "tasks/ablation.py"),
-    "sft": ("race_core/train/sft.py", "race_core/loss.py", *_RENDER, "storage/parquet.py",
-            "tasks/training_stages.py"),
+    "sft": ("race_core/train/sft.py", "race_core/train/distributed.py", "race_core/loss.py", *_RENDER,
+            "storage/parquet.py", "tasks/training_stages.py", "tasks/training_runs.py"),
     "sample": (*_POLICY_LOOP, *_RENDER, "tasks/training_stages.py", "tasks/chunks.py"),
-    "rl": ("race_core/train/rl.py", "race_core/loss.py", "race_core/cover.py", "race_core/scoring/*.py",
-           "race_core/rollout.py", *_RENDER, "tasks/training_stages.py"),
+    "rl": ("race_core/train/rl.py", "race_core/train/distributed.py", "race_core/loss.py", "race_core/cover.py",
+           "race_core/scoring/*.py", "race_core/rollout.py", *_RENDER, "tasks/training_stages.py",
+           "tasks/training_runs.py"),
     "evaluate": ("race_core/evaluate.py", *_POLICY_LOOP, *_RENDER, "tasks/training_stages.py"),
 }
 
@@ -51,9 +52,9 @@ STAGE_LIBRARIES: dict[str, tuple[str, ...]] = {
     "cover": _MODEL_LIBRARIES,
     "compress": ("transformers", "tokenizers"),  # token counts
     "arm": ("transformers", "tokenizers"),
-    "sft": (*_MODEL_LIBRARIES, "peft"),  # peft: LoRA
+    "sft": (*_MODEL_LIBRARIES, "peft", "accelerate"),  # peft: LoRA; accelerate: gradient sync, autocast
     "sample": _MODEL_LIBRARIES,
-    "rl": _MODEL_LIBRARIES,
+    "rl": (*_MODEL_LIBRARIES, "accelerate"),
     "evaluate": _MODEL_LIBRARIES,
 }
 
