@@ -12,6 +12,7 @@ race gc [--delete]                 list (or remove) unreferenced objects and lit
 race bench scoring [--json FILE]   scoring benchmark: naive vs full-forward vs ours vs the work bound
 race model smollm2                 build SmolLM2-135M-Instruct offline into a local checkpoint folder
 race import --format F --input ... --out FILE.jsonl   agent logs (openai, sharegpt, swe-agent, react) -> trajectories
+race export --format F --input compressed.parquet --out FILE   compressed trajectories for TRL, LLaMA-Factory, verl
 
 Every `race run` / `race cover` / `race demo` / `race serve` setting is a field of the configs in
 `race_core.config`; the options are generated from them (`flows.options`).
@@ -114,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_gc)
 
     from bench.cli import add_bench_parser
+    from flows.export_cli import add_export_parser
     from flows.import_cli import add_import_parser
     from flows.models_cli import add_model_parser
     from flows.worker_cli import add_worker_parser
@@ -121,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_parser(sub)
     add_model_parser(sub)
     add_import_parser(sub)
+    add_export_parser(sub)
     add_worker_parser(sub)
     return parser
 
