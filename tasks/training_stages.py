@@ -21,7 +21,7 @@ from race_core.envs.calculator import ENV_REVISION
 from race_core.policy import checkpoint_digest
 from storage import ArtifactStore, put_checkpoint, restore_checkpoint, stage_key
 from tasks.fingerprints import stage_code
-from tasks.stages import Log, _quiet, iter_trajectories, run_stage
+from tasks.stages import Log, _quiet, run_stage
 
 CACHE_ENV = "RACE_CHECKPOINT_CACHE"
 
@@ -92,8 +92,7 @@ def sft(store: ArtifactStore, compressed_digest: str, base: PolicyRef, config: S
     def compute() -> dict[str, Any]:
         from tasks.training_runs import sft_compute, train_state_dir
 
-        trajectories = list(iter_trajectories(store, compressed_digest, "compressed"))
-        return sft_compute(store, trajectories, base, config, resources,
+        return sft_compute(store, compressed_digest, base, config, resources,
                            train_state_dir("sft", keyed, inputs, base.digest), log)
 
     return run_stage(store, "sft", 1, keyed, inputs, base.digest, compute, only_cached, force, log)

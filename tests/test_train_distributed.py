@@ -3,9 +3,10 @@
 the float noise measured here (the 1-process run regrouped: the same examples summed in another
 order); a killed process fails the stage with an error that says which and where a rerun resumes,
 and the rerun resumes there; process count and gradient checkpointing leave the stage key alone,
-mixed precision does not.
+mixed precision does not; an accelerate config of two hosts trains as two processes on one.
 
-Each 2-process launch takes 20-40 s here (starting the processes dominates): four launches.
+Two hosts are two `race train-node`-joined launches on 127.0.0.1. Each 2-process launch takes 20-40 s
+here (starting the processes dominates): five launches, about four minutes in all.
 """
 
 from __future__ import annotations
@@ -153,9 +154,8 @@ def test_a_killed_process_fails_the_stage_clearly_and_the_rerun_resumes_from_the
     from race_core.train.launch import TrainingFailed
 
     monkeypatch.setenv("RACE_CHECKPOINT_CACHE", str(tmp_path / "checkpoints"))
-    source, digest = compressed
-    store = ArtifactStore(str(tmp_path / "store"))  # without the clean run's manifest: this one computes
-    assert store.put_file(source.get_file(digest, tmp_path / "compressed.parquet")) == digest
+    digest = compressed[1]
+    store = _fresh_store(compressed, tmp_path)  # without the clean run's manifest: this one computes
     resources = Resources(train_processes=2, train_save_every=2)
     monkeypatch.setenv(FAULT_ENV, "1:3")  # rank 1 is SIGKILLed right after optimizer step 3
     with pytest.raises(TrainingFailed) as failed:
@@ -178,6 +178,63 @@ def test_a_killed_process_fails_the_stage_clearly_and_the_rerun_resumes_from_the
     print(f"resumed vs uninterrupted 2-process run: loss {loss_diff:.3g}, weights {weight_diff:.3g}")
     assert loss_diff <= _tolerance(0.0, float(resumed.max())) and weight_diff <= _tolerance(0.0, 1.0)
     assert not (tmp_path / "train-state").exists() or not any((tmp_path / "train-state").iterdir())
+
+
+def _fresh_store(compressed, tmp_path) -> ArtifactStore:
+    """A store holding only the compressed trajectories (no manifest: the stage computes)."""
+    source, digest = compressed
+    store = ArtifactStore(str(tmp_path / "store"))
+    assert store.put_file(source.get_file(digest, tmp_path / "compressed.parquet")) == digest
+    return store
+
+
+def test_two_hosts_train_as_two_processes_on_one(sft_runs, compressed, smoke_policy, tmp_path, monkeypatch):
+    """An accelerate config of 2 hosts (here both on 127.0.0.1, one process each): the stage runs host
+    0 and logs the command for host 1; `race train-node` joins with it; the losses are the 2-process ones."""
+    import socket
+    import subprocess
+    import sys
+    import threading
+
+    monkeypatch.setenv("RACE_CHECKPOINT_CACHE", str(tmp_path / "checkpoints"))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = tmp_path / "hosts.yaml"
+    config.write_text(f"distributed_type: MULTI_CPU\nnum_machines: 2\nnum_processes: 2\nmachine_rank: 0\n"
+                      f"main_process_ip: 127.0.0.1\nmain_process_port: {port}\nmixed_precision: 'no'\n")
+    store = _fresh_store(compressed, tmp_path)
+    lines: list[str] = []
+    result: dict = {}
+
+    def host0() -> None:
+        try:
+            result["manifest"] = sft(store, compressed[1], PolicyRef.local(smoke_policy), SFT,
+                                     Resources(accelerate_config=str(config)), log=lines.append)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            result["error"] = exc
+
+    thread = threading.Thread(target=host0)
+    thread.start()
+    command = None
+    for _ in range(600):
+        command = next((line.split(" run: ", 1)[1] for line in list(lines) if "on host 1 run: " in line), None)
+        if command or not thread.is_alive():
+            break
+        thread.join(0.2)
+    assert command is not None, (lines, result)
+    assert command.startswith("race train-node --store ") and "--machine-rank 1" in command
+    joined = subprocess.run([sys.executable, "-m", "flows.cli", *command.split()[1:]], capture_output=True,
+                            text=True, timeout=600)
+    thread.join(600)
+    assert not thread.is_alive() and "error" not in result, (result, joined.stderr[-3000:])
+    assert joined.returncode == 0, joined.stderr[-3000:]
+    metrics = result["manifest"]["metrics"]
+    assert metrics["processes"] == 2 and metrics["distributed_type"] == "MULTI_CPU"
+    clean = np.array(sft_runs["two"][0]["metrics"]["step_losses"])
+    diff = float(np.abs(np.array(metrics["step_losses"]) - clean).max())
+    print(f"2 hosts x 1 process vs 1 host x 2 processes: step losses differ by {diff:.3g}")
+    assert diff <= _tolerance(0.0, float(clean.max()))
 
 
 def test_process_count_and_gradient_checkpointing_keep_the_stage_key_mixed_precision_changes_it(

@@ -17,10 +17,11 @@ Mixed precision is accelerate's autocast (`--mixed-precision bf16|fp16`: the wei
 stay in the model's dtype); gradient checkpointing is transformers' (non-reentrant).
 
 Training state (`TrainOptions.state_dir`): every `save_every` optimizer steps the model, optimizer
-and RNG states are saved with `Accelerator.save_state` under `step-<n>/`, then `latest.json` names
-it (the commit point) with the loop's history (losses and gradient norms so far). A run given the same folder resumes
-after the step it names. The folder is scratch on the host that trains (accelerate writes its RNG
-states with pickle), never a store artifact.
+and RNG states are saved with `Accelerator.save_state` under `step-<n>/` (on every host), then
+`latest.json` names it (the commit point) with the loop's history (losses and gradient norms so
+far). A run given the same folder resumes after the step it names; the processes check they all
+resume from the same step. The folder is scratch on the hosts that train (accelerate writes RNG
+and optimizer states with pickle), never a store artifact.
 
 `main()` is what a launched process runs (`python -m race_core.train.distributed SPEC.json`,
 started by `race_core.train.launch`): it loads the checkpoint, trains, and rank 0 writes the
@@ -91,8 +92,12 @@ def _accelerator(cpu: bool, mixed_precision: str, grad_accumulation: int):
         # transformers' TrainingArguments resets it the same way).
         AcceleratorState._reset_state(reset_partial_state=True)
         GradientState._reset_state()
+    from accelerate.utils import ProjectConfiguration
+
+    # every host saves the training state it needs to resume on its own disk
     return Accelerator(cpu=cpu, mixed_precision=mixed_precision, device_placement=False,
-                       gradient_accumulation_steps=grad_accumulation)
+                       gradient_accumulation_steps=grad_accumulation,
+                       project_config=ProjectConfiguration(save_on_each_node=True))
 
 
 class TrainRun:
@@ -191,13 +196,20 @@ class TrainRun:
     # -- state --------------------------------------------------------------------------------------
     def _resume(self) -> tuple[int, dict[str, Any]]:
         folder = self.options.state_dir
-        if not folder or not (Path(folder) / LATEST).exists():
+        saved = Path(folder) / LATEST if folder else None
+        latest = json.loads(saved.read_text()) if saved is not None and saved.exists() else None
+        step = int(latest["step"]) if latest else 0
+        if self.world_size > 1:  # every host resumes from its own disk: they must hold the same step
+            steps = self.accelerator.gather(torch.tensor([step], device=self.accelerator.device)).tolist()
+            if len(set(steps)) > 1:
+                raise RuntimeError(f"the hosts' saved training states are at different steps ({sorted(set(steps))}, "
+                                   f"under {folder}): remove that folder on every host to start over")
+        if latest is None:
             return 0, {}
-        latest = json.loads((Path(folder) / LATEST).read_text())
         self.accelerator.load_state(str(Path(folder) / latest["folder"]))
         if self.is_main:
-            log.info("resuming from step %d (%s)", latest["step"], folder)
-        return int(latest["step"]), latest["history"]
+            log.info("resuming from step %d (%s)", step, folder)
+        return step, latest["history"]
 
     def after_step(self, step: int, total: int, history: dict[str, Any]) -> None:
         """Called by every process after optimizer step `step` (1-based): saves the state on schedule."""
@@ -206,7 +218,7 @@ class TrainRun:
             name = f"step-{step:08d}"
             self.accelerator.save_state(str(Path(folder) / name))
             self.accelerator.wait_for_everyone()
-            if self.is_main:
+            if self.accelerator.is_local_main_process:  # one commit per host: each resumes from its own disk
                 latest = Path(folder) / LATEST
                 previous = json.loads(latest.read_text())["folder"] if latest.exists() else None
                 tmp = latest.with_suffix(".tmp")

@@ -4,8 +4,10 @@ host that holds the devices), each running `python -m race_core.train.distribute
 - without an accelerate config: torchrun (`torch.distributed.run --standalone`), N processes on this
   host, DDP (gloo on the CPU, NCCL on GPUs: process k uses cuda:k);
 - with one (`--accelerate-config FILE`): `accelerate launch --config_file FILE`, which brings FSDP,
-  DeepSpeed ZeRO or several hosts (`num_machines`, `main_process_ip`: every other host runs
-  `race train-node`, which launches the same processes there with its `--machine-rank`).
+  DeepSpeed ZeRO or several hosts (`num_machines`, `main_process_ip`, `main_process_port`: every
+  other host runs `race train-node`, which launches its processes with its `--machine-rank`). On the
+  CPU accelerate starts several processes only through MPI, so torchrun starts them with the
+  config's hosts and process count (DDP over gloo).
 
 Rank 0's progress lines become `progress(step, total, loss)` calls; its report (JSON) is returned.
 A process that fails ends the launch (torchrun stops the others) and `TrainingFailed` names which
@@ -36,29 +38,59 @@ class TrainingFailed(RuntimeError):
     rerun resumes)."""
 
 
+def accelerate_settings(accelerate_config: str | Path) -> dict[str, Any]:
+    """The accelerate config file's settings (YAML or JSON); a missing or unreadable file is an error
+    naming it."""
+    import yaml
+
+    path = Path(accelerate_config)
+    if not path.is_file():
+        raise FileNotFoundError(f"parameter 'resources.accelerate_config': {str(path)!r} is not a file")
+    settings = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(settings, dict):
+        raise ValueError(f"parameter 'resources.accelerate_config': {str(path)!r} is not an accelerate config")
+    return settings
+
+
+def machines(accelerate_config: str) -> int:
+    """The hosts a launch spans: the accelerate config's `num_machines` (1 without a config)."""
+    return int(accelerate_settings(accelerate_config).get("num_machines", 1) or 1) if accelerate_config else 1
+
+
 def launch_command(spec_path: str | Path, processes: int, device: str, accelerate_config: str = "",
                    mixed_precision: str = "no", machine_rank: int | None = None) -> list[str]:
-    """The command line that starts the training processes of `spec_path` on this host."""
+    """The command line that starts the training processes of `spec_path` on this host (`machine_rank`:
+    which host this is, when the accelerate config spans several; default its `machine_rank`)."""
     target = ["-m", "race_core.train.distributed", str(spec_path)]
-    if accelerate_config:
-        if not Path(accelerate_config).is_file():
-            raise FileNotFoundError(f"parameter 'resources.accelerate_config': {accelerate_config!r} is not a file")
+    if accelerate_config and device != "cpu":
         command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(accelerate_config),
                    "--mixed_precision", mixed_precision]
+        accelerate_settings(accelerate_config)  # exists and parses
         if processes:
             command += ["--num_processes", str(processes)]
         if machine_rank is not None:
             command += ["--machine_rank", str(machine_rank)]
-        if device == "cpu":
-            if processes > 1:
-                raise ValueError("accelerate launches several CPU processes only through MPI: on the CPU, leave "
-                                 "'resources.accelerate_config' empty (torchrun starts them)")
-            command.append("--cpu")
         return command + target
-    if machine_rank is not None:
-        raise ValueError("several hosts need an accelerate config file naming them (num_machines, main_process_ip)")
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(max(processes, 1)),
-            *target]
+    if not accelerate_config:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                str(max(processes, 1)), *target]
+    # CPU processes: accelerate starts several only through MPI, so torchrun starts them with the config's
+    # hosts (DDP over gloo; FSDP and DeepSpeed need GPUs).
+    settings = accelerate_settings(accelerate_config)
+    kind = str(settings.get("distributed_type", "MULTI_CPU")).upper()
+    if kind not in ("NO", "MULTI_CPU", "MULTI_GPU"):
+        raise ValueError(f"parameter 'resources.accelerate_config': {kind} needs GPUs (resources.device is cpu)")
+    hosts = int(settings.get("num_machines", 1) or 1)
+    total = processes or int(settings.get("num_processes", 1) or 1)
+    if total % hosts:
+        raise ValueError(f"{total} training processes do not divide evenly over {hosts} hosts")
+    rank = machine_rank if machine_rank is not None else int(settings.get("machine_rank", 0) or 0)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(total // hosts)]
+    if hosts == 1:
+        return [*command, "--standalone", *target]
+    return [*command, "--nnodes", str(hosts), "--node_rank", str(rank),
+            "--master_addr", str(settings.get("main_process_ip") or "127.0.0.1"),
+            "--master_port", str(settings.get("main_process_port") or 29500), *target]
 
 
 def _environment(device: str, processes: int) -> dict[str, str]:
