@@ -177,15 +177,16 @@ class TrainRun:
         accelerate divides by the micro-batches per step, so this multiplies by them first."""
         self.accelerator.backward(loss * self.accelerator.gradient_accumulation_steps)
 
-    def clip_and_step(self, max_grad_norm: float) -> float:
-        """Clip the gradients to `max_grad_norm` (0: no clipping), step the optimizer and clear the
-        gradients; returns the gradient norm before clipping (NaN where DeepSpeed clips on its own)."""
+    def clip_and_step(self, max_grad_norm: float, clear: bool = True) -> float:
+        """Clip the gradients to `max_grad_norm` (0: no clipping), step the optimizer and (`clear`) drop
+        the gradients; returns the gradient norm before clipping (NaN where DeepSpeed clips on its own)."""
         norm = float("nan")
         if self.accelerator.sync_gradients:
             total = self.accelerator.clip_grad_norm_(self.model.parameters(), max_grad_norm or float("inf"))
             norm = float(total) if total is not None else norm
         self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        if clear:
+            self.optimizer.zero_grad(set_to_none=True)
         return norm
 
     def idle_loss(self, pad_id: int) -> torch.Tensor:

@@ -259,7 +259,7 @@ def update_from_rollouts(
             logged_logp, logged_closure = logp_new.detach().cpu(), closure.detach().cpu()
         run.optimizer.zero_grad(set_to_none=True)
         run.backward(loss * run.world_size)  # the processes' gradients are averaged
-        grad_norms.append(run.clip_and_step(config.max_grad_norm))
+        grad_norms.append(run.clip_and_step(config.max_grad_norm, clear=False))  # the update's gradients stay readable
         losses.append(run.all_reduce_sum(float(loss.detach()))[0])
         run.after_step(step + 1, config.inner_steps, {"losses": losses, "grad_norms": grad_norms})
     updated = run.trained_model(lambda m: m, base_checkpoint)
