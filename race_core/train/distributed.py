@@ -4,7 +4,8 @@
 their arithmetic through it; this module knows nothing of what they compute.
 
 Exact losses across processes. Every process holds the whole batch's description (the examples'
-order, the rollouts) and works on its own share (`TrainRun.shard`). The denominators are global:
+order, the rollouts) and works on its own share: every `world_size`-th example of a step, or
+rollout, from its rank. The denominators are global:
 each process counts its share (target tokens; policy tokens; turns) and the counts are summed over
 the processes (`TrainRun.all_reduce_sum`). A process's loss is its share's sum over the global
 count, times the process count, because DDP, FSDP and DeepSpeed all average the gradients over
@@ -14,7 +15,9 @@ Every process runs the same number of forward and backward passes in a step (a p
 share of a micro-batch runs an idle pass that adds zero; FSDP gathers weights in every forward).
 
 Mixed precision is accelerate's autocast (`--mixed-precision bf16|fp16`: the weights and the optimizer
-stay in the model's dtype); gradient checkpointing is transformers' (non-reentrant).
+stay in the model's dtype); gradient checkpointing is transformers' (non-reentrant). The model and
+its optimizer are prepared together, as FSDP2 requires (FSDP1 configs need accelerate's default
+`fsdp_use_orig_params: true`, so the optimizer's parameters stay the model's).
 
 Training state (`TrainOptions.state_dir`): every `save_every` optimizer steps the model, optimizer
 and RNG states are saved with `Accelerator.save_state` under `step-<n>/` (on every host), then
@@ -35,7 +38,6 @@ import logging
 import os
 import shutil
 import sys
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,6 +86,7 @@ def process_rank() -> int:
 def _accelerator(cpu: bool, mixed_precision: str, grad_accumulation: int):
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState
+    from accelerate.utils import ProjectConfiguration
 
     if mixed_precision == "fp16" and cpu:
         raise ValueError("mixed precision fp16 needs a GPU: use bf16 or no on the CPU")
@@ -92,8 +95,6 @@ def _accelerator(cpu: bool, mixed_precision: str, grad_accumulation: int):
         # transformers' TrainingArguments resets it the same way).
         AcceleratorState._reset_state(reset_partial_state=True)
         GradientState._reset_state()
-    from accelerate.utils import ProjectConfiguration
-
     # every host saves the training state it needs to resume on its own disk
     return Accelerator(cpu=cpu, mixed_precision=mixed_precision, device_placement=False,
                        gradient_accumulation_steps=grad_accumulation,
@@ -107,10 +108,14 @@ class TrainRun:
     train), `optimizer` the prepared optimizer. `start_step` and `history` come from a resumed state
     (0 and {} on a fresh run)."""
 
-    def __init__(self, model, optimizer, options: TrainOptions, grad_accumulation: int = 1):
+    def __init__(self, model, optimizer, options: TrainOptions, grad_accumulation: int = 1, micro_batch: int = 1):
         device = next(model.parameters()).device
         self.options = options
         self.accelerator = _accelerator(device.type == "cpu", options.mixed_precision, grad_accumulation)
+        if self.distributed_type == "DEEPSPEED":  # without a dataloader DeepSpeed cannot infer its batch size
+            ds_config = self.accelerator.state.deepspeed_plugin.deepspeed_config
+            if ds_config.get("train_micro_batch_size_per_gpu", "auto") == "auto":
+                ds_config["train_micro_batch_size_per_gpu"] = micro_batch
         requested, effective = options.mixed_precision, self.accelerator.mixed_precision
         if requested != effective:  # a DeepSpeed config file brings its own precision
             raise ValueError(f"the accelerate config trains in {effective!r} but mixed_precision is {requested!r}: "
@@ -147,10 +152,6 @@ class TrainRun:
         return {"processes": self.world_size, "rank": self.rank, "distributed_type": self.distributed_type,
                 "mixed_precision": self.options.mixed_precision,
                 "gradient_checkpointing": self.options.gradient_checkpointing, "resumed_from_step": self.start_step}
-
-    def shard(self, items: Sequence) -> list:
-        """This process's share of `items`: every `world_size`-th, from its rank."""
-        return list(items[self.rank::self.world_size])
 
     def all_reduce_sum(self, *values: float) -> list[float]:
         """Each value summed over the processes (float64; the values themselves with one process)."""

@@ -234,7 +234,7 @@ def update_from_rollouts(
     rows = list(range(len(rollouts)))[process_rank()::processes]  # this process's rollouts
     covers = (cover_rollouts([rollouts[i] for i in rows], HFScorer(model, tokenizer, renderer=renderer), epsilon)
               if config.cover_aware else {})  # plain GRPO: every generated token in the loss, no closure
-    run = TrainRun(model, optimizer, options)
+    run = TrainRun(model, optimizer, options, micro_batch=len(rows))
     if run.world_size > 1:  # every process learns every cover decision (the report counts them all)
         gathered = run.gather_objects([(rows[i], cover) for i, cover in covers.items()])
         all_covers = dict(gathered)

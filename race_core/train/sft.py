@@ -194,7 +194,7 @@ def train_sft(
     micro = _micro_batches([len(e.input_ids) for e in examples], config, generator)
     total_steps = len(micro) // config.grad_accumulation
     processes = world_size()
-    run = TrainRun(trained, optimizer, options, micro_batches_per_process(config, processes))
+    run = TrainRun(trained, optimizer, options, micro_batches_per_process(config, processes), config.batch_size)
     device = run.device
     run.model.train()
     losses: list[float] = list(run.history.get("losses", []))
