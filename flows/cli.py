@@ -13,6 +13,8 @@ race bench scoring [--json FILE]   scoring benchmark: naive vs full-forward vs o
 race model smollm2                 build SmolLM2-135M-Instruct offline into a local checkpoint folder
 race bootstrap --checkpoint DIR --out DIR2   train any chat checkpoint to play the calculator in its own format
 race import --format F --input ... --out FILE.jsonl   agent logs (openai, sharegpt, swe-agent, react) -> trajectories
+race export --format F --input compressed.parquet --out FILE   compressed trajectories for TRL, LLaMA-Factory, verl
+race train-node --store URL --job DIGEST --machine-rank R      join a training stage that spans several hosts
 
 Every `race run` / `race cover` / `race demo` / `race serve` setting is a field of the configs in
 `race_core.config`; the options are generated from them (`flows.options`).
@@ -131,14 +133,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     from bench.cli import add_bench_parser
     from flows.bootstrap_cli import add_bootstrap_parser
+    from flows.export_cli import add_export_parser
     from flows.import_cli import add_import_parser
     from flows.models_cli import add_model_parser
+    from flows.train_node_cli import add_train_node_parser
     from flows.worker_cli import add_worker_parser
 
     add_bench_parser(sub)
     add_bootstrap_parser(sub)
     add_model_parser(sub)
     add_import_parser(sub)
+    add_export_parser(sub)
+    add_train_node_parser(sub)
     add_worker_parser(sub)
     return parser
 

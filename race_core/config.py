@@ -30,6 +30,7 @@ STAGES = ("ingest", "validate", "cover", "compress", "sft", "sample", "rl", "eva
 COVER_STAGES = STAGES[:4]
 BACKENDS = ("hf", "vllm")
 EXECUTORS = ("local", "pool", "ray")  # where a stage's units run (`tasks.executors`)
+MIXED_PRECISIONS = ("no", "bf16", "fp16")  # accelerate's names
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float16": "float16", "fp16": "float16"}
 
@@ -90,9 +91,12 @@ class CoverConfig:
 class Resources:
     """Where and how big the model work runs: every model-loading stage takes these.
 
-    Only `dtype` is part of the stage keys (`tasks.stages`): the others change where and how fast
-    the work runs (which executor, how many workers), not what it decides. `kv_budget` is given in bytes or as a size (`2GiB`, `512MiB`:
-    `race_core.memory.parse_size`) and held in bytes."""
+    Only `dtype` is part of the stage keys (`tasks.stages`), and `mixed_precision` of the training
+    stages' when set (`training_keyed`): the others change where and how fast the work runs (which
+    executor, how many workers or processes), not what it decides. `kv_budget` is given in bytes or
+    as a size (`2GiB`, `512MiB`: `race_core.memory.parse_size`) and held in bytes. The training
+    fields drive SFT and the RL update under accelerate (`race_core.train.distributed`,
+    `race_core.train.launch`)."""
 
     device: str = "cpu"  # cpu, cuda or cuda:N
     dtype: str = "float32"  # model dtype (float32, bfloat16 / bf16, float16 / fp16); keep float32 near ε
@@ -106,6 +110,11 @@ class Resources:
     pickup_timeout: float = 600.0  # seconds child runs may wait, none taken and no pool worker online, before the run fails
     ray_address: str = ""  # Ray cluster for --executor ray: HOST:6379 or ray://HOST:10001 ("": a Ray of this machine)
     ray_actors: int = 0  # Ray actors, one model each (0: one per GPU of the cluster; on CPU one per node)
+    train_processes: int = 0  # SFT / RL update processes over all hosts (0: the accelerate config's, else 1 in this process)
+    gradient_checkpointing: bool = False  # training recomputes activations in the backward pass (less memory, more compute)
+    mixed_precision: str = "no"  # training autocast: bf16, fp16 (GPU only) or no (the model's dtype throughout)
+    accelerate_config: str = ""  # accelerate config file the training processes launch with (FSDP, DeepSpeed, hosts)
+    train_save_every: int = 50  # optimizer steps between saved training states a rerun resumes from (0: none)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
@@ -113,6 +122,18 @@ class Resources:
             object.__setattr__(self, "kv_budget", parse_size(self.kv_budget))
         except ValueError as exc:
             raise ValueError(f"parameter 'resources.kv_budget': {exc}") from None
+        if self.mixed_precision not in MIXED_PRECISIONS:
+            raise ValueError(f"parameter 'resources.mixed_precision': {self.mixed_precision!r} is not one of "
+                             f"{list(MIXED_PRECISIONS)}")
+        for name in ("train_processes", "train_save_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"parameter 'resources.{name}': {getattr(self, name)} is not >= 0")
+
+    def training_keyed(self) -> dict[str, Any]:
+        """What the training stages' keys hash of these resources besides `dtype`: the autocast
+        precision, only when one is set (it changes the numbers). Process count, gradient
+        checkpointing and the accelerate config change where and how the same loss is computed."""
+        return {"mixed_precision": self.mixed_precision} if self.mixed_precision != "no" else {}
 
 
 @dataclass(frozen=True)

@@ -44,13 +44,16 @@ def cover_aware_loss(
     *,
     clip: float = 0.2,
     closure_weight: float = 0.02,
+    policy_token_count: int | None = None,
 ) -> torch.Tensor:
     """Cover-aware clipped actor loss plus the closure term; a scalar tensor.
 
     Token tensors are [rows, tokens]. `advantages` is one value per row (broadcast over its tokens)
     or one per token. `skipped_mask` marks the reasoning tokens the cover found removable; they stay
     in the denominator but carry no policy gradient. `closure_logprobs` holds one log p(close
-    marker) per skipped turn (may be empty).
+    marker) per skipped turn (may be empty). `policy_token_count` is N_policy when the tensors hold
+    only part of the batch (one process's rows; `total_turns` is then the whole batch's too);
+    by default the policy tokens of `policy_mask`.
     """
     if advantages.dim() == 1:
         advantages = advantages[:, None]
@@ -58,7 +61,10 @@ def cover_aware_loss(
     kept = (policy & ~skipped_mask.bool()).to(logp_new.dtype)
     ratio = torch.exp(logp_new - logp_old)
     surrogate = torch.minimum(ratio * advantages, torch.clamp(ratio, 1.0 - clip, 1.0 + clip) * advantages)
-    policy_token_count = policy.sum().clamp_min(1)
+    if policy_token_count is None:
+        policy_token_count = policy.sum().clamp_min(1)
+    else:
+        policy_token_count = max(int(policy_token_count), 1)
     actor = -(surrogate * kept).sum() / policy_token_count
     closure = -closure_logprobs.sum() / max(int(total_turns), 1)
     return actor + closure_weight * closure

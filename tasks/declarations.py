@@ -67,23 +67,25 @@ DECLARED: tuple[Stage, ...] = (
                     "storage/parquet.py", "tasks/stages.py", "tasks/ablation.py"), _TOKENS),
           "tasks.ablation:derived_arm", ("compressed",)),
     Stage("sft", ("compress",),
-          StageKey(("race_core/train/sft.py", "race_core/loss.py", *_RENDER, "storage/parquet.py",
-                    "tasks/training_stages.py"), (*_MODEL_LIBRARIES, "peft")),  # peft: LoRA
+          StageKey(("race_core/train/sft.py", "race_core/train/distributed.py", "race_core/loss.py", *_RENDER,
+                    "storage/parquet.py", "tasks/training_stages.py", "tasks/training_runs.py"),
+                   (*_MODEL_LIBRARIES, "peft", "accelerate")),  # peft: LoRA; accelerate: gradient sync, autocast
           "tasks.training_stages:sft", ("checkpoint",), gpu=True),
     Stage("sample", ("sft",),  # and, after the first iteration, the previous iteration's rl
           StageKey((*_POLICY_LOOP, *_RENDER, "tasks/training_stages.py", "tasks/chunks.py"), _MODEL_LIBRARIES),
           "tasks.training_stages:sample", ("rollouts",), gpu=True),
     Stage("rl", ("sample", "sft"),
-          StageKey(("race_core/train/rl.py", "race_core/loss.py", "race_core/cover.py", "race_core/scoring/*.py",
-                    "race_core/rollout.py", *_RENDER, "tasks/training_stages.py"), _MODEL_LIBRARIES),
+          StageKey(("race_core/train/rl.py", "race_core/train/distributed.py", "race_core/loss.py",
+                    "race_core/cover.py", "race_core/scoring/*.py", "race_core/rollout.py", *_RENDER,
+                    "tasks/training_stages.py", "tasks/training_runs.py"), (*_MODEL_LIBRARIES, "accelerate")),
           "tasks.training_stages:rl", ("checkpoint",), gpu=True),
     Stage("evaluate", (), StageKey(("race_core/evaluate.py", *_POLICY_LOOP, *_RENDER, "tasks/training_stages.py"),
                                    _MODEL_LIBRARIES),
           "tasks.training_stages:evaluate", ("report",), gpu=True),
     Stage("bootstrap", (),  # a chat checkpoint made a calculator policy (`race ablate --checkpoint`)
-          StageKey(("race_core/train/checkpoint_bootstrap.py", "race_core/train/sft.py", "race_core/loss.py",
-                    "race_core/envs/expert.py", *_POLICY_LOOP, *_RENDER, "tasks/agent_bootstrap.py"),
-                   (*_MODEL_LIBRARIES, "peft")),
+          StageKey(("race_core/train/checkpoint_bootstrap.py", "race_core/train/sft.py",
+                    "race_core/train/distributed.py", "race_core/loss.py", "race_core/envs/expert.py", *_POLICY_LOOP,
+                    *_RENDER, "tasks/agent_bootstrap.py"), (*_MODEL_LIBRARIES, "peft", "accelerate")),
           "tasks.agent_bootstrap:agent_policy", ("checkpoint",), gpu=True),
 )
 STAGES: dict[str, Stage] = {stage.name: stage for stage in DECLARED}

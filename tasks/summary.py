@@ -1,12 +1,14 @@
 """A run's summary (summary.json) from its stages' manifests: per stage cached / wall time, the
-trajectories ingested and refused, the cover's counts, the objects, the RL metrics and the
-evaluation by policy. One place for it: the flows and `race cover` both use it."""
+trajectories ingested and refused, the cover's counts, the objects, the RL metrics, each training
+stage's process count and step losses, and the evaluation by policy. One place for it: the flows and `race cover` both use it."""
 
 from __future__ import annotations
 
 from typing import Any
 
 COVER_COUNTS = ("candidates", "removed", "reasoning_tokens_before", "reasoning_tokens_after")
+TRAINING_FACTS = ("processes", "distributed_type", "mixed_precision", "gradient_checkpointing", "step_losses",
+                  "grad_norms")
 
 
 def summarize(manifests: dict[str, dict[str, Any]], run_info: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -40,6 +42,10 @@ def summarize(manifests: dict[str, dict[str, Any]], run_info: dict[str, Any] | N
     if rl:
         summary["rl"] = [x["metrics"] for x in rl]
         summary["objects"]["rl_checkpoint"] = rl[-1]["objects"]["checkpoint"]
+    training = {name: {k: x["metrics"][k] for k in TRAINING_FACTS if k in x["metrics"]}
+                for name, x in m.items() if "step_losses" in x.get("metrics", {})}
+    if training:  # per training stage (sft, sft_none, rl_0, ...): how many processes, every step's loss
+        summary["training"] = training
     evals = {name.removeprefix("evaluate_"): x["metrics"] for name, x in m.items() if name.startswith("evaluate_")}
     if evals:
         summary["eval"] = evals

@@ -16,7 +16,7 @@ from race_core.config import EvalConfig, Resources, RLConfig, SFTConfig
 from race_core.envs.calculator import ENV_REVISION
 from race_core.policy import checkpoint_digest
 from storage import ArtifactStore, put_checkpoint
-from tasks.base import Log, _model_config, _quiet, _rl_keyed, iter_trajectories, run_stage
+from tasks.base import Log, _model_config, _quiet, _rl_keyed, run_stage
 from tasks.chunks import SampleJob, merge_chunks, sample_keyed, sample_scope  # noqa: F401 - sample_scope: re-exported
 from tasks.executors import executor_for
 from tasks.policy_ref import PolicyRef, materialize  # noqa: F401 - materialize: re-exported
@@ -33,27 +33,17 @@ def _put_policy(store: ArtifactStore, model, tokenizer) -> dict[str, Any]:
 
 def sft(store: ArtifactStore, compressed_digest: str, base: PolicyRef, config: SFTConfig, resources: Resources,
         log: Log = _quiet, only_cached: bool = False, force: bool = False) -> dict[str, Any]:
-    """Fine-tune the base policy on the compressed trajectories (assistant tokens only)."""
+    """Fine-tune the base policy on the compressed trajectories (assistant tokens only), in this
+    process or in launched training processes (`tasks.training_runs`)."""
+    keyed, inputs = {**_model_config(config, resources), **resources.training_keyed()}, {"compressed": compressed_digest}
 
     def compute() -> dict[str, Any]:
-        from race_core.train.sft import train_sft
+        from tasks.training_runs import sft_compute, train_state_dir
 
-        trajectories = list(iter_trajectories(store, compressed_digest, "compressed"))
-        every = max(1, (config.steps or 100) // 10)
+        return sft_compute(store, compressed_digest, base, config, resources,
+                           train_state_dir("sft", keyed, inputs, base.digest), log)
 
-        def progress(step: int, total: int, loss: float) -> None:
-            if step == 1 or step % every == 0 or step == total:
-                log(f"sft: step {step}/{total} loss {loss:.4f}")
-
-        model, tokenizer = base.load(store, resources)
-        report = train_sft(model, tokenizer, trajectories, config, progress=progress)
-        return {**_put_policy(store, report.model, tokenizer),
-                "metrics": {"trajectories": len(trajectories), "steps": report.steps,
-                            "first_loss": report.first_loss, "last_loss": report.last_loss,
-                            "target_tokens": report.target_tokens}}
-
-    return run_stage(store, "sft", 1, _model_config(config, resources), {"compressed": compressed_digest},
-                     base.digest, compute, only_cached, force, log)
+    return run_stage(store, "sft", 1, keyed, inputs, base.digest, compute, only_cached, force, log)
 
 
 def sample(store: ArtifactStore, policy: PolicyRef, config: RLConfig, resources: Resources, iteration: int,
@@ -91,22 +81,18 @@ def sample(store: ArtifactStore, policy: PolicyRef, config: RLConfig, resources:
 def rl(store: ArtifactStore, policy: PolicyRef, rollouts_digest: str, config: RLConfig, epsilon: float,
        resources: Resources, iteration: int, log: Log = _quiet, only_cached: bool = False,
        force: bool = False) -> dict[str, Any]:
-    """One cover-aware RL update of the policy on its own rollouts (cover at `epsilon`) -> a new policy."""
+    """One cover-aware RL update of the policy on its own rollouts (cover at `epsilon`) -> a new policy,
+    in this process or in launched training processes (`tasks.training_runs`)."""
+    keyed = {**_rl_keyed(config, resources, iteration), "epsilon": epsilon, **resources.training_keyed()}
+    inputs = {"policy": policy.folder or policy.digest, "rollouts": rollouts_digest}
 
     def compute() -> dict[str, Any]:
-        from race_core.rollout import rollouts_from_json
-        from race_core.train.rl import update_from_rollouts
+        from tasks.training_runs import rl_compute, train_state_dir
 
-        model, tokenizer = policy.load(store, resources)
-        rollouts = rollouts_from_json(store.get_bytes(rollouts_digest).decode("utf-8"))
-        report = update_from_rollouts(model, tokenizer, rollouts, config, epsilon=epsilon)
-        log(f"rl: loss {report.loss:.5f}, masked tokens {report.masked_tokens}, closure terms "
-            f"{report.closure_terms}, policy tokens {report.policy_tokens}")
-        return {**_put_policy(store, model, tokenizer), "metrics": report.summary()}
+        return rl_compute(store, policy, rollouts_digest, config, epsilon, resources,
+                          train_state_dir("rl", keyed, inputs, policy.digest), log)
 
-    return run_stage(store, "rl", 1, {**_rl_keyed(config, resources, iteration), "epsilon": epsilon},
-                     {"policy": policy.folder or policy.digest, "rollouts": rollouts_digest}, policy.digest,
-                     compute, only_cached, force, log)
+    return run_stage(store, "rl", 1, keyed, inputs, policy.digest, compute, only_cached, force, log)
 
 
 def evaluate(store: ArtifactStore, policy: PolicyRef, config: EvalConfig, resources: Resources, label: str = "",

@@ -20,6 +20,9 @@ One iteration:
   5. logp_new recomputed with gradient (one forward over all rollout sequences, right padded) →
      `cover_aware_loss` → optimizer step(s), torch seeded with `config.seed` first.
 
+Under several processes (`race_core.train.distributed`) each covers and trains on its share of the
+rollouts; N_policy and T_total are counted over all of them, so the loss is the one-process loss.
+
 `build_rl_batch` holds every tensor the loss reads, so a test can recompute the loss by hand.
 """
 
@@ -28,6 +31,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -37,6 +41,7 @@ from race_core.cover import CoverResult, logic_cover
 from race_core.loss import cover_aware_loss, grpo_advantages
 from race_core.render import Renderer, Role
 from race_core.rollout import Rollout
+from race_core.train.distributed import TrainOptions
 
 
 @dataclass
@@ -83,12 +88,14 @@ class RLReport:
     covers: dict[int, CoverResult]  # rollout index -> cover result (successful, well-formed ones)
     wall_seconds: float = 0.0
     extra: dict = field(default_factory=dict)
+    grad_norms: list[float] = field(default_factory=list)  # one per inner step, before clipping
 
     def summary(self) -> dict:
         return {"success_rate": self.success_rate, "reasoning_tokens_per_turn": self.reasoning_tokens_per_turn,
                 "masked_tokens": self.masked_tokens, "closure_terms": self.closure_terms,
                 "policy_tokens": self.policy_tokens, "total_turns": self.total_turns, "loss": self.loss,
-                "rollouts": len(self.rollouts), "wall_seconds": round(self.wall_seconds, 2)}
+                "rollouts": len(self.rollouts), "wall_seconds": round(self.wall_seconds, 2),
+                "step_losses": self.losses, "grad_norms": self.grad_norms, "processes": self.extra.get("processes", 1)}
 
 
 def cover_rollouts(rollouts: Sequence[Rollout], scorer, epsilon: float) -> dict[int, CoverResult]:
@@ -169,12 +176,15 @@ def closure_logprobs(model, batch: RLBatch) -> torch.Tensor:
     return (logp * batch.closure_target_mask.to(logp.device)).sum(dim=1)
 
 
-def batch_loss(batch: RLBatch, logp_new: torch.Tensor, closure: torch.Tensor, config: RLConfig) -> torch.Tensor:
+def batch_loss(batch: RLBatch, logp_new: torch.Tensor, closure: torch.Tensor, config: RLConfig,
+               policy_token_count: int | None = None, total_turns: int | None = None) -> torch.Tensor:
+    """The cover-aware loss of `batch`; `policy_token_count` and `total_turns` are the whole batch's
+    when `batch` holds one process's rows (default: `batch`'s own)."""
     device = logp_new.device
     return cover_aware_loss(
         logp_new, batch.logp_old.to(device), batch.advantages.to(device), batch.policy_mask.to(device),
-        batch.skipped_mask.to(device), closure, batch.total_turns, clip=config.clip,
-        closure_weight=config.closure_weight,
+        batch.skipped_mask.to(device), closure, batch.total_turns if total_turns is None else total_turns,
+        clip=config.clip, closure_weight=config.closure_weight, policy_token_count=policy_token_count,
     )
 
 
@@ -192,48 +202,77 @@ def update_from_rollouts(
     optimizer: torch.optim.Optimizer | None = None,
     renderer: Renderer | None = None,
     epsilon: float = DEFAULT_EPSILON,
+    options: TrainOptions | None = None,
+    out_dir: str | Path | None = None,
+    base_checkpoint: str | Path | None = None,
 ) -> RLReport:
     """Update `model` in place from its own `rollouts` (steps 2-5 of the module docstring): judge-given
     rewards -> GRPO advantages -> LoGiC cover (tolerance `epsilon`) of the successful rollouts with the
     pre-update policy -> cover-aware loss -> `config.inner_steps` optimizer step(s). Seeds torch with
-    `config.seed` first, so an update is reproducible wherever its rollouts were sampled."""
-    from race_core.policy import pad_token_id
+    `config.seed` first, so an update is reproducible wherever its rollouts were sampled.
+
+    `options`: mixed precision, gradient checkpointing, resumable state (`race_core.train.distributed`).
+    In a launched process each process covers and trains on its share of the rollouts; N_policy and
+    T_total are counted over all of them, so the loss is the one-process loss. The report's counts
+    are the whole batch's; its `batch`, `logp_new` and `closure_logprobs` are this process's rows.
+    `out_dir`: rank 0 saves the updated policy there (`base_checkpoint`: the folder the model was
+    loaded from, needed to save a sharded run)."""
+    from race_core.policy import pad_token_id, save_policy
     from race_core.scoring.hf import HFScorer
+    from race_core.train.distributed import TrainRun, process_rank, world_size
 
     started = time.perf_counter()
     torch.manual_seed(config.seed)
+    options = options or TrainOptions()
+    processes = world_size()
+    if len(rollouts) < processes:
+        raise ValueError(f"{len(rollouts)} rollouts cannot be shared among {processes} training processes")
     renderer = renderer or Renderer(tokenizer)
     optimizer = optimizer or make_optimizer(model, config)
     pad_id = pad_token_id(tokenizer)
     advantages = grpo_advantages([r.reward for r in rollouts], [r.group for r in rollouts])
-    covers = (cover_rollouts(rollouts, HFScorer(model, tokenizer, renderer=renderer), epsilon)
+    rows = list(range(len(rollouts)))[process_rank()::processes]  # this process's rollouts
+    covers = (cover_rollouts([rollouts[i] for i in rows], HFScorer(model, tokenizer, renderer=renderer), epsilon)
               if config.cover_aware else {})  # plain GRPO: every generated token in the loss, no closure
-    batch = build_rl_batch(renderer, rollouts, covers, advantages, pad_id)
+    run = TrainRun(model, optimizer, options, micro_batch=len(rows))
+    if run.world_size > 1:  # every process learns every cover decision (the report counts them all)
+        gathered = run.gather_objects([(rows[i], cover) for i, cover in covers.items()])
+        all_covers = dict(gathered)
+    else:
+        all_covers = covers
+    batch = build_rl_batch(renderer, [rollouts[i] for i in rows], covers, advantages[rows], pad_id)
+    policy_tokens, total_turns, masked, closure_terms = (int(x) for x in run.all_reduce_sum(
+        batch.policy_token_count, batch.total_turns, batch.masked_token_count, len(batch.closure_turns)))
 
-    model.train()
-    losses: list[float] = []
+    run.model.train()
+    losses: list[float] = list(run.history.get("losses", []))
+    grad_norms: list[float] = list(run.history.get("grad_norms", []))
     logged_logp, logged_closure = None, None
-    for _ in range(config.inner_steps):
-        logp_new = policy_logprobs(model, batch)
-        closure = closure_logprobs(model, batch)
-        loss = batch_loss(batch, logp_new, closure, config)
+    for step in range(run.start_step, config.inner_steps):
+        logp_new = policy_logprobs(run.model, batch)
+        closure = closure_logprobs(run.model, batch)
+        loss = (batch_loss(batch, logp_new, closure, config, policy_tokens, total_turns) if run.world_size > 1
+                else batch_loss(batch, logp_new, closure, config))
+        if closure_terms and not batch.closure_turns:  # the others run a closure forward: keep in step
+            loss = loss + run.idle_loss(pad_id)
         if logged_logp is None:
             logged_logp, logged_closure = logp_new.detach().cpu(), closure.detach().cpu()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if config.max_grad_norm:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-        optimizer.step()
-        losses.append(float(loss.detach()))
-    model.eval()
+        run.optimizer.zero_grad(set_to_none=True)
+        run.backward(loss * run.world_size)  # the processes' gradients are averaged
+        grad_norms.append(run.clip_and_step(config.max_grad_norm, clear=False))  # the update's gradients stay readable
+        losses.append(run.all_reduce_sum(float(loss.detach()))[0])
+        run.after_step(step + 1, config.inner_steps, {"losses": losses, "grad_norms": grad_norms})
+    updated = run.trained_model(lambda m: m, base_checkpoint)
+    if out_dir is not None and run.is_main:
+        save_policy(updated, tokenizer, out_dir)
 
-    turns = batch.total_turns
     reasoning = sum(r.reasoning_token_count() for r in rollouts)
+    turns = sum(len(r.turns) for r in rollouts)
     return RLReport(
         success_rate=sum(r.success for r in rollouts) / len(rollouts),
         reasoning_tokens_per_turn=reasoning / max(turns, 1),
-        masked_tokens=batch.masked_token_count, closure_terms=len(batch.closure_turns),
-        policy_tokens=batch.policy_token_count, total_turns=turns, loss=losses[0], losses=losses,
+        masked_tokens=masked, closure_terms=closure_terms,
+        policy_tokens=policy_tokens, total_turns=total_turns, loss=losses[0], losses=losses,
         batch=batch, logp_new=logged_logp, closure_logprobs=logged_closure, rollouts=list(rollouts),
-        covers=covers, wall_seconds=time.perf_counter() - started,
+        covers=all_covers, wall_seconds=time.perf_counter() - started, extra=run.facts(), grad_norms=grad_norms,
     )

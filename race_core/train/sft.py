@@ -1,10 +1,12 @@
-"""Supervised fine-tuning on (compressed) trajectories (DESIGN §5): a plain torch loop.
+"""Supervised fine-tuning on (compressed) trajectories (DESIGN §5): a torch loop under accelerate.
 
 Each trajectory is rendered by `race_core.render` (one place for how a turn looks); the targets are
 the assistant tokens (roles in `ASSISTANT_ROLES`: markers, reasoning, action prefix, action, end),
 never the context or the observations. The loss is `race_core.loss.sft_loss`, a token mean over
 the (accumulated) batch: with gradient accumulation each micro-batch's mean is weighted by its
 share of the batch's target tokens, so accumulating k micro-batches equals one batch k times larger.
+Several processes (`race_core.train.distributed`) share each optimizer step's examples and count the
+step's target tokens together, so N processes equal one with the same batch.
 
 Full fine-tuning by default; with `lora=True` the model is wrapped with peft LoRA adapters,
 trained, then merged, so the saved folder is a plain `save_pretrained` checkpoint either way.
@@ -26,6 +28,7 @@ from race_core.config import SFTConfig
 from race_core.loss import sft_loss
 from race_core.render import ASSISTANT_ROLES, Renderer
 from race_core.schema import Trajectory
+from race_core.train.distributed import TrainOptions
 
 Progress = Callable[[int, int, float], None]  # (optimizer step, total steps, loss)
 
@@ -40,6 +43,7 @@ class SFTReport:
     lora: bool = False
     model: object = None  # the trained model (LoRA merged), in eval mode
     extra: dict = field(default_factory=dict)
+    grad_norms: list[float] = field(default_factory=list)  # one per optimizer step, before clipping
 
     @property
     def first_loss(self) -> float:
@@ -126,6 +130,23 @@ def _apply_lora(model, config: SFTConfig):
     return get_peft_model(model, lora)
 
 
+def _step_shares(micro: list[list[int]], config: SFTConfig, step: int, world_size: int, rank: int
+                 ) -> list[list[int]]:
+    """This process's micro-batches of optimizer step `step`: its share (every `world_size`-th example
+    of the step's, from its rank) cut into micro-batches of at most `batch_size`, padded with empty
+    ones to the count every process runs. With one process: the step's own micro-batches."""
+    examples = [i for idx in micro[step * config.grad_accumulation:(step + 1) * config.grad_accumulation] for i in idx]
+    share = examples[rank::world_size]
+    count = micro_batches_per_process(config, world_size)
+    return [share[k * config.batch_size:(k + 1) * config.batch_size] for k in range(count)]
+
+
+def micro_batches_per_process(config: SFTConfig, world_size: int) -> int:
+    """Forward/backward passes every process runs per optimizer step."""
+    per_process = math.ceil(config.batch_size * config.grad_accumulation / world_size)
+    return max(1, math.ceil(per_process / config.batch_size))
+
+
 def train_sft(
     model_or_checkpoint,
     tokenizer,
@@ -133,21 +154,31 @@ def train_sft(
     config: SFTConfig | None = None,
     out_dir: str | Path | None = None,
     progress: Progress | None = None,
+    *,
+    options: TrainOptions | None = None,
+    base_checkpoint: str | Path | None = None,
 ) -> SFTReport:
     """Fine-tune on `trajectories` (assistant tokens only) and save to `out_dir` when given.
 
     `model_or_checkpoint` is a model (trained in place) or a local checkpoint folder; `tokenizer`
-    may be None with a folder (it is loaded from it). Returns the per-step losses.
+    may be None with a folder (it is loaded from it). Returns the per-step losses (of the whole
+    batch, whatever the process count). `options` sets mixed precision, gradient checkpointing and
+    the resumable training state (`race_core.train.distributed`); in a launched process the step's
+    examples are shared among the processes and only rank 0 saves. `base_checkpoint`: the folder the
+    model was loaded from, needed to save a sharded (FSDP, DeepSpeed) run.
     """
     from race_core.policy import load_policy, pad_token_id, save_policy
+    from race_core.train.distributed import TrainRun, world_size
 
     config = config or SFTConfig()
+    options = options or TrainOptions()
     if not trajectories:
         raise ValueError("train_sft needs at least one trajectory")
     started = time.perf_counter()
     if isinstance(model_or_checkpoint, str | Path):
         model, loaded_tokenizer = load_policy(model_or_checkpoint)
         tokenizer = tokenizer or loaded_tokenizer
+        base_checkpoint = base_checkpoint or model_or_checkpoint
     else:
         model = model_or_checkpoint
     torch.manual_seed(config.seed)
@@ -162,36 +193,44 @@ def train_sft(
                                   weight_decay=config.weight_decay)
     micro = _micro_batches([len(e.input_ids) for e in examples], config, generator)
     total_steps = len(micro) // config.grad_accumulation
-    device = next(trained.parameters()).device
-    trained.train()
-    losses: list[float] = []
-    target_tokens = 0
-    for step in range(total_steps):
-        for group in optimizer.param_groups:
+    processes = world_size()
+    run = TrainRun(trained, optimizer, options, micro_batches_per_process(config, processes), config.batch_size)
+    device = run.device
+    run.model.train()
+    losses: list[float] = list(run.history.get("losses", []))
+    grad_norms: list[float] = list(run.history.get("grad_norms", []))
+    target_tokens = int(run.history.get("target_tokens", 0))
+    for step in range(run.start_step, total_steps):
+        for group in run.optimizer.param_groups:
             group["lr"] = config.lr * lr_factor(step, total_steps, config.warmup_steps, config.min_lr_ratio)
-        batches = [collate([examples[i] for i in idx], pad_id)
-                   for idx in micro[step * config.grad_accumulation:(step + 1) * config.grad_accumulation]]
-        # token mean over the whole accumulated batch: weight each micro-batch by its target share
-        counts = [int(t[:, 1:].sum()) for _, _, t in batches]
-        step_tokens = max(sum(counts), 1)
-        step_loss = 0.0
-        for (input_ids, attention, targets), count in zip(batches, counts, strict=True):
-            logits = trained(input_ids=input_ids.to(device), attention_mask=attention.to(device)).logits
-            loss = sft_loss(logits, input_ids.to(device), targets.to(device)) * (count / step_tokens)
-            loss.backward()
-            step_loss += float(loss.detach())
-        if config.max_grad_norm:
-            torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        shares = _step_shares(micro, config, step, run.world_size, run.rank)
+        batches = [collate([examples[i] for i in idx], pad_id) if idx else None for idx in shares]
+        # token mean over the whole accumulated batch, on every process: weight each micro-batch by
+        # its share of the step's target tokens, counted over all processes
+        counts = [int(b[2][:, 1:].sum()) if b is not None else 0 for b in batches]
+        step_tokens = max(int(run.all_reduce_sum(sum(counts))[0]), 1)
+        share_loss = 0.0
+        for batch, count in zip(batches, counts, strict=True):
+            with run.accumulate():
+                if batch is None:  # nothing of this micro-batch here: an idle pass keeps the processes in step
+                    loss = run.idle_loss(pad_id)
+                else:
+                    input_ids, attention, targets = (t.to(device) for t in batch)
+                    logits = run.model(input_ids=input_ids, attention_mask=attention).logits
+                    loss = sft_loss(logits, input_ids, targets) * (count / step_tokens)
+                run.backward(loss * run.world_size)  # the processes' gradients are averaged
+                share_loss += float(loss.detach())
+        grad_norms.append(run.clip_and_step(config.max_grad_norm))
+        step_loss = run.all_reduce_sum(share_loss)[0]
         losses.append(step_loss)
         target_tokens += step_tokens
-        if progress is not None:
+        run.after_step(step + 1, total_steps, {"losses": losses, "grad_norms": grad_norms,
+                                               "target_tokens": target_tokens})
+        if progress is not None and run.is_main:
             progress(step + 1, total_steps, step_loss)
-    trained.eval()
-    if config.lora:
-        model = trained.merge_and_unload()
-    checkpoint = save_policy(model, tokenizer, out_dir) if out_dir is not None else None
+    model = run.trained_model(lambda m: m.merge_and_unload() if config.lora else m, base_checkpoint,
+                              wrap=(lambda m: _apply_lora(m, config)) if config.lora else None)
+    checkpoint = save_policy(model, tokenizer, out_dir) if out_dir is not None and run.is_main else None
     return SFTReport(losses=losses, steps=total_steps, target_tokens=target_tokens, checkpoint=checkpoint,
                      wall_seconds=time.perf_counter() - started, lora=config.lora, model=model,
-                     extra={"trajectories": len(examples)})
+                     extra={"trajectories": len(examples), **run.facts()}, grad_norms=grad_norms)

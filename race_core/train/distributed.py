@@ -1,0 +1,370 @@
+"""SFT and the RL update under accelerate: one code path for one process, N processes on one host
+(DDP; gloo on CPU) and N hosts, with FSDP or DeepSpeed ZeRO chosen by an accelerate config file
+(DESIGN §8). The loops (`race_core.train.sft`, `race_core.train.rl`) open a `TrainRun` and do
+their arithmetic through it; this module knows nothing of what they compute.
+
+Exact losses across processes. Every process holds the whole batch's description (the examples'
+order, the rollouts) and works on its own share: every `world_size`-th example of a step, or
+rollout, from its rank. The denominators are global:
+each process counts its share (target tokens; policy tokens; turns) and the counts are summed over
+the processes (`TrainRun.all_reduce_sum`). A process's loss is its share's sum over the global
+count, times the process count, because DDP, FSDP and DeepSpeed all average the gradients over
+the processes: the gradient that reaches the optimizer is then the gradient of the global token
+mean, as in one process. The loss reported for a step is the sum of the shares' losses.
+Every process runs the same number of forward and backward passes in a step (a process with no
+share of a micro-batch runs an idle pass that adds zero; FSDP gathers weights in every forward).
+
+Mixed precision is accelerate's autocast (`--mixed-precision bf16|fp16`: the weights and the optimizer
+stay in the model's dtype); gradient checkpointing is transformers' (non-reentrant). The model and
+its optimizer are prepared together, as FSDP2 requires (FSDP1 configs need accelerate's default
+`fsdp_use_orig_params: true`, so the optimizer's parameters stay the model's).
+
+Training state (`TrainOptions.state_dir`): every `save_every` optimizer steps the model, optimizer
+and RNG states are saved with `Accelerator.save_state` under `step-<n>/` (on every host), then
+`latest.json` names it (the commit point) with the loop's history (losses and gradient norms so
+far). A run given the same folder resumes after the step it names; the processes check they all
+resume from the same step. The folder is scratch on the hosts that train (accelerate writes RNG
+and optimizer states with pickle), never a store artifact.
+
+`main()` is what a launched process runs (`python -m race_core.train.distributed SPEC.json`,
+started by `race_core.train.launch`): it loads the checkpoint, trains, and rank 0 writes the
+checkpoint and a JSON report.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger("race.train")
+
+LATEST = "latest.json"
+PROGRESS_PREFIX = "RACE_PROGRESS "  # a launched rank 0's progress lines (parsed by race_core.train.launch)
+FAULT_ENV = "RACE_TRAIN_FAULT"  # tests only: "RANK:STEP" kills that rank right after that optimizer step
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """How a training loop runs, besides its stage config: precision, memory, resumable state."""
+
+    mixed_precision: str = "no"  # bf16, fp16 or no (accelerate's names)
+    gradient_checkpointing: bool = False
+    state_dir: str | None = None  # where the training state is saved and resumed from (None: nowhere)
+    save_every: int = 0  # optimizer steps between saved states (0: none)
+
+    @classmethod
+    def of(cls, resources, state_dir: str | Path | None = None) -> TrainOptions:
+        """The options a `race_core.config.Resources` asks for."""
+        return cls(mixed_precision=resources.mixed_precision, gradient_checkpointing=resources.gradient_checkpointing,
+                   state_dir=str(state_dir) if state_dir is not None else None,
+                   save_every=resources.train_save_every if state_dir is not None else 0)
+
+
+def launched() -> bool:
+    """True in a process started by torchrun / accelerate launch (the process group is theirs)."""
+    return "LOCAL_RANK" in os.environ or int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def world_size() -> int:
+    """The training processes of this run: the launcher's WORLD_SIZE, else 1."""
+    return int(os.environ.get("WORLD_SIZE", "1")) if launched() else 1
+
+
+def process_rank() -> int:
+    """This process's rank among the training processes (0 when not launched)."""
+    return int(os.environ.get("RANK", "0")) if launched() else 0
+
+
+def _accelerator(cpu: bool, mixed_precision: str, grad_accumulation: int):
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+    from accelerate.utils import ProjectConfiguration
+
+    if mixed_precision == "fp16" and cpu:
+        raise ValueError("mixed precision fp16 needs a GPU: use bf16 or no on the CPU")
+    if not launched():
+        # One process: each run brings its own precision (accelerate keeps one per process otherwise;
+        # transformers' TrainingArguments resets it the same way).
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+    # every host saves the training state it needs to resume on its own disk
+    return Accelerator(cpu=cpu, mixed_precision=mixed_precision, device_placement=False,
+                       gradient_accumulation_steps=grad_accumulation,
+                       project_config=ProjectConfiguration(save_on_each_node=True))
+
+
+class TrainRun:
+    """One training loop's model and optimizer under an accelerate `Accelerator`.
+
+    `model` is the prepared model (call it; wrapped by DDP / FSDP / DeepSpeed when several processes
+    train), `optimizer` the prepared optimizer. `start_step` and `history` come from a resumed state
+    (0 and {} on a fresh run)."""
+
+    def __init__(self, model, optimizer, options: TrainOptions, grad_accumulation: int = 1, micro_batch: int = 1):
+        device = next(model.parameters()).device
+        self.options = options
+        self.accelerator = _accelerator(device.type == "cpu", options.mixed_precision, grad_accumulation)
+        if self.distributed_type == "DEEPSPEED":  # without a dataloader DeepSpeed cannot infer its batch size
+            ds_config = self.accelerator.state.deepspeed_plugin.deepspeed_config
+            if ds_config.get("train_micro_batch_size_per_gpu", "auto") == "auto":
+                ds_config["train_micro_batch_size_per_gpu"] = micro_batch
+        requested, effective = options.mixed_precision, self.accelerator.mixed_precision
+        if requested != effective:  # a DeepSpeed config file brings its own precision
+            raise ValueError(f"the accelerate config trains in {effective!r} but mixed_precision is {requested!r}: "
+                             "set them alike (the precision is part of the training stages' keys)")
+        self._enabled_checkpointing = options.gradient_checkpointing and not model.is_gradient_checkpointing
+        if self._enabled_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self._use_cache = getattr(model.config, "use_cache", None)
+        if self._use_cache:
+            model.config.use_cache = False  # no KV cache while training (and none with checkpointing)
+        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        self.device = device
+        self.start_step, self.history = self._resume()
+
+    # -- who am I ---------------------------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return self.accelerator.num_processes
+
+    @property
+    def rank(self) -> int:
+        return self.accelerator.process_index
+
+    @property
+    def is_main(self) -> bool:
+        return self.accelerator.is_main_process
+
+    @property
+    def distributed_type(self) -> str:
+        return str(self.accelerator.distributed_type).rsplit(".", 1)[-1]
+
+    def facts(self) -> dict[str, Any]:
+        """What a report records of how the run trained."""
+        return {"processes": self.world_size, "rank": self.rank, "distributed_type": self.distributed_type,
+                "mixed_precision": self.options.mixed_precision,
+                "gradient_checkpointing": self.options.gradient_checkpointing, "resumed_from_step": self.start_step}
+
+    def all_reduce_sum(self, *values: float) -> list[float]:
+        """Each value summed over the processes (float64; the values themselves with one process)."""
+        if self.world_size == 1:
+            return [float(v) for v in values]
+        tensor = torch.tensor(values, dtype=torch.float64, device=self.accelerator.device)
+        return self.accelerator.reduce(tensor, reduction="sum").tolist()
+
+    def gather_objects(self, items: list) -> list:
+        """Every process's `items`, concatenated in rank order (picklable objects)."""
+        if self.world_size == 1:
+            return list(items)
+        from accelerate.utils import gather_object
+
+        return gather_object(items)
+
+    # -- the step -----------------------------------------------------------------------------------
+    def accumulate(self):
+        """The context of one micro-batch: gradients are synchronized on the step's last one."""
+        return self.accelerator.accumulate(self.model)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of a share's loss already scaled for the global mean (see the module docstring);
+        accelerate divides by the micro-batches per step, so this multiplies by them first."""
+        self.accelerator.backward(loss * self.accelerator.gradient_accumulation_steps)
+
+    def clip_and_step(self, max_grad_norm: float, clear: bool = True) -> float:
+        """Clip the gradients to `max_grad_norm` (0: no clipping), step the optimizer and (`clear`) drop
+        the gradients; returns the gradient norm before clipping (NaN where DeepSpeed clips on its own)."""
+        norm = float("nan")
+        if self.accelerator.sync_gradients:
+            total = self.accelerator.clip_grad_norm_(self.model.parameters(), max_grad_norm or float("inf"))
+            norm = float(total) if total is not None else norm
+        self.optimizer.step()
+        if clear:
+            self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    def idle_loss(self, pad_id: int) -> torch.Tensor:
+        """Zero, from a forward pass over two pad tokens: keeps a process without work in step."""
+        ids = torch.full((1, 2), pad_id, dtype=torch.long, device=self.device)
+        return self.model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.float().sum() * 0.0
+
+    # -- state --------------------------------------------------------------------------------------
+    def _resume(self) -> tuple[int, dict[str, Any]]:
+        folder = self.options.state_dir
+        saved = Path(folder) / LATEST if folder else None
+        latest = json.loads(saved.read_text()) if saved is not None and saved.exists() else None
+        step = int(latest["step"]) if latest else 0
+        if self.world_size > 1:  # every host resumes from its own disk: they must hold the same step
+            steps = self.accelerator.gather(torch.tensor([step], device=self.accelerator.device)).tolist()
+            if len(set(steps)) > 1:
+                raise RuntimeError(f"the hosts' saved training states are at different steps ({sorted(set(steps))}, "
+                                   f"under {folder}): remove that folder on every host to start over")
+        if latest is None:
+            return 0, {}
+        self.accelerator.load_state(str(Path(folder) / latest["folder"]))
+        if self.is_main:
+            log.info("resuming from step %d (%s)", step, folder)
+        return step, latest["history"]
+
+    def after_step(self, step: int, total: int, history: dict[str, Any]) -> None:
+        """Called by every process after optimizer step `step` (1-based): saves the state on schedule."""
+        every, folder = self.options.save_every, self.options.state_dir
+        if folder and every and step % every == 0 and step < total:
+            name = f"step-{step:08d}"
+            self.accelerator.save_state(str(Path(folder) / name))
+            self.accelerator.wait_for_everyone()
+            if self.accelerator.is_local_main_process:  # one commit per host: each resumes from its own disk
+                latest = Path(folder) / LATEST
+                previous = json.loads(latest.read_text())["folder"] if latest.exists() else None
+                tmp = latest.with_suffix(".tmp")
+                tmp.write_text(json.dumps({"step": step, "folder": name, "history": history}))
+                os.replace(tmp, latest)
+                if previous and previous != name:
+                    shutil.rmtree(Path(folder) / previous, ignore_errors=True)
+            self.accelerator.wait_for_everyone()
+        _maybe_fault(self.rank, step)
+
+    def finish(self):
+        """The trained model, unwrapped (no DDP wrapper, no autocast), in eval mode, with gradient
+        checkpointing and the KV cache as they were before the run."""
+        self.accelerator.wait_for_everyone()
+        model = self.accelerator.unwrap_model(self.model, keep_fp32_wrapper=False)
+        if self._enabled_checkpointing:
+            model.gradient_checkpointing_disable()
+        if self._use_cache:
+            model.config.use_cache = self._use_cache
+        return model.eval()
+
+    def trained_model(self, merge, base_checkpoint: str | Path | None = None, wrap=None):
+        """The trained model to save, on every process (`finish` first, then `merge`: LoRA adapters
+        merged into the weights, or as is). Where the weights are sharded (FSDP, DeepSpeed) they are
+        gathered (a collective: every process calls this) and the main process loads them into a fresh
+        copy of `base_checkpoint` on the CPU, wrapped by `wrap` as the trained one was (LoRA); the
+        other processes get None."""
+        if self.distributed_type not in ("FSDP", "DEEPSPEED"):
+            return merge(self.finish())
+        state = self.accelerator.get_state_dict(self.model)
+        self.finish()
+        if not self.is_main:
+            return None
+        if base_checkpoint is None:
+            raise ValueError(f"saving a {self.distributed_type} run needs the checkpoint it started from")
+        from race_core.policy import load_policy
+
+        dtype = next(v.dtype for v in state.values() if v.is_floating_point())
+        fresh, _ = load_policy(base_checkpoint, dtype=str(dtype).removeprefix("torch."))
+        fresh = wrap(fresh) if wrap is not None else fresh
+        fresh.load_state_dict(state)
+        return merge(fresh.eval())
+
+
+def _maybe_fault(rank: int, step: int) -> None:
+    """Fault injection for the kill-and-resume test: `RACE_TRAIN_FAULT=RANK:STEP` SIGKILLs that rank."""
+    fault = os.environ.get(FAULT_ENV)
+    if fault and fault == f"{rank}:{step}":
+        import signal
+
+        sys.stdout.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def clear_state(state_dir: str | Path | None) -> None:
+    """Drop a finished run's saved training state."""
+    if state_dir:
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+# -- a launched process ---------------------------------------------------------------------------
+@dataclass
+class LaunchSpec:
+    """What a launched training process does (JSON on disk, written by `race_core.train.launch`).
+
+    `kind` is sft or rl; `checkpoint` the local folder of the policy to train; `data` a local file of
+    trajectories (JSONL, sft) or the rollouts' JSON (rl); `config` the stage config (its `asdict`);
+    `out_dir` where rank 0 saves the trained checkpoint, `report` its JSON report."""
+
+    kind: str
+    checkpoint: str
+    data: str
+    config: dict[str, Any]
+    out_dir: str
+    report: str
+    device: str = "cpu"
+    dtype: str = "float32"
+    options: dict[str, Any] = field(default_factory=dict)  # TrainOptions fields
+    epsilon: float = 1e-3  # rl: the cover's tolerance
+
+    def write(self, path: str | Path) -> Path:
+        Path(path).write_text(json.dumps(asdict(self), indent=1))
+        return Path(path)
+
+    @classmethod
+    def read(cls, path: str | Path) -> LaunchSpec:
+        return cls(**json.loads(Path(path).read_text()))
+
+
+def _progress_line(step: int, total: int, loss: float) -> None:
+    print(PROGRESS_PREFIX + json.dumps({"step": step, "total": total, "loss": loss}), flush=True)
+
+
+def run_spec(spec: LaunchSpec) -> dict[str, Any] | None:
+    """Train as `spec` says in this (launched) process; rank 0 saves the checkpoint and returns the
+    report (other ranks return None)."""
+    from race_core.config import RLConfig, SFTConfig, from_dict
+    from race_core.policy import load_policy
+
+    options = TrainOptions(**spec.options)
+    device = "cpu" if spec.device == "cpu" else f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+    model, tokenizer = load_policy(spec.checkpoint, device=device, dtype=spec.dtype)
+    if spec.kind == "sft":
+        from race_core.schema import Trajectory
+        from race_core.train.sft import train_sft
+
+        with open(spec.data, encoding="utf-8") as fh:
+            trajectories = [Trajectory.from_dict(json.loads(line)) for line in fh if line.strip()]
+        report = train_sft(model, tokenizer, trajectories, from_dict(SFTConfig, spec.config), spec.out_dir,
+                           progress=_progress_line, options=options, base_checkpoint=spec.checkpoint)
+        summary = {"steps": report.steps, "losses": report.losses, "grad_norms": report.grad_norms,
+                   "target_tokens": report.target_tokens, "trajectories": len(trajectories), **report.extra}
+    elif spec.kind == "rl":
+        from race_core.rollout import rollouts_from_json
+        from race_core.train.rl import update_from_rollouts
+
+        rollouts = rollouts_from_json(Path(spec.data).read_text(encoding="utf-8"))
+        report = update_from_rollouts(model, tokenizer, rollouts, from_dict(RLConfig, spec.config),
+                                      epsilon=spec.epsilon, options=options, out_dir=spec.out_dir,
+                                      base_checkpoint=spec.checkpoint)
+        summary = {**report.summary(), **report.extra}
+    else:
+        raise ValueError(f"unknown training kind {spec.kind!r}: expected sft or rl")
+    if summary.get("rank", 0) != 0:
+        return None
+    Path(spec.report).write_text(json.dumps(summary))
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    return record(_main)(argv)
+
+
+def _main(argv: list[str] | None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m race_core.train.distributed SPEC.json", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    run_spec(LaunchSpec.read(args[0]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
