@@ -66,8 +66,9 @@ _REAL = PipelineConfig(
 PRESETS = {
     # the project's own kinds policy (no --checkpoint): the README's ablation
     "tiny": AblatePreset("tiny", ABLATE_CONFIG),
-    # a real checkpoint on a GPU: every arm, three SFT seeds
-    "gpu": AblatePreset("gpu", _REAL, input_tasks=256, epsilons=EPSILON_SWEEP,
+    # a real checkpoint on a GPU: every arm, three SFT seeds, vLLM sampling
+    "gpu": AblatePreset("gpu", replace(_REAL, **{"rl.sampler": "vllm", "evaluate.sampler": "vllm"}), input_tasks=256,
+                        epsilons=EPSILON_SWEEP,
                         bootstrap=AgentBootstrapConfig(expert_tasks=1024)),
     # a real checkpoint on this kind of 2-core CPU, inside 90 minutes from a fresh home
     "cpu": AblatePreset(

@@ -21,7 +21,7 @@ from race_core.importers import INPUT_FORMATS
 PREFIXES = {"ingest": "", "cover": "", "resources": "", "sft": "sft-", "rl": "rl-", "evaluate": "eval-"}
 FLAGS = {"inputs": "--input"}  # top-level fields whose flag is not their name
 CHOICES = {"backend": BACKENDS, "stages": STAGES, "force": STAGES, "format": INPUT_FORMATS, "shape": SHAPES,
-           "executor": EXECUTORS, "mixed_precision": MIXED_PRECISIONS}
+           "executor": EXECUTORS, "mixed_precision": MIXED_PRECISIONS, "sampler": BACKENDS}
 DEST = "config:"  # argparse dest prefix of generated options
 
 

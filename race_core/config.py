@@ -186,6 +186,7 @@ class RLConfig:
     difficulty: int | None = None  # operations per training task (None: 1-3 at random)
     shape: str = "random"  # training task shape: random, or two-part (results carried across turns)
     cover_aware: bool = True  # mask removable reasoning and supervise closure (off: plain GRPO)
+    sampler: str = "hf"  # sampling backend: hf (transformers generate) or vllm
     sample_chunk: int = 0  # tasks sampled together, the unit a pool's workers share (0: all K at once)
 
 
@@ -198,11 +199,12 @@ class EvalConfig:
     max_turns: int = DEFAULT_MAX_TURNS  # turn budget of an episode
     max_new_tokens: int = 96  # per assistant turn
     shape: str = "random"  # held-out task shape: random, or two-part (results carried across turns)
+    sampler: str = "hf"  # sampling backend: hf (transformers generate) or vllm
 
 
 # Fields added after stage keys were first written: left out of a key while at this default, so the
 # keys (and the stored results) of runs that do not set them stay what they were.
-KEY_OPTIONAL = {"local_only": False, "shape": "random", "cover_aware": True, "sample_chunk": 0}
+KEY_OPTIONAL = {"local_only": False, "shape": "random", "cover_aware": True, "sample_chunk": 0, "sampler": "hf"}
 
 
 def key_fields(config: Any) -> dict[str, Any]:
@@ -247,6 +249,9 @@ class PipelineConfig:
         for name, shape in (("rl.shape", self.rl.shape), ("evaluate.shape", self.evaluate.shape)):
             if shape not in SHAPES:
                 raise ValueError(f"parameter '{name}': {shape!r} is not one of {SHAPES}")
+        for name, sampler in (("rl.sampler", self.rl.sampler), ("evaluate.sampler", self.evaluate.sampler)):
+            if sampler not in BACKENDS:
+                raise ValueError(f"parameter '{name}': {sampler!r} is not one of {BACKENDS}")
         _check_cover(self.checkpoint, self.cover, self.resources)
         return self
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from race_core.envs.calculator import DEFAULT_MAX_TURNS, CalculatorTask, generate_tasks, heldout_seed
 from race_core.rollout import Rollout, play_episodes
-from race_core.sampling import SamplingParams
+from race_core.sampling import Sampler, SamplingParams
 
 
 @dataclass
@@ -49,14 +49,16 @@ def evaluate_policy(
     max_turns: int = DEFAULT_MAX_TURNS,
     max_new_tokens: int = 96,
     batch_size: int = 64,
+    sampler: Sampler | None = None,
 ) -> EvalReport:
-    """Play every task (`samples` times when sampling; once when greedy) and summarise."""
+    """Play every task (`samples` times when sampling; once when greedy) and summarise. `sampler`:
+    another backend over the same policy (`play_episodes`)."""
     if not tasks:
         raise ValueError("evaluate_policy needs at least one task")
     params = SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed,
                             greedy=greedy)
     episodes = play_episodes(model, tokenizer, tasks, 1 if greedy else samples, params, max_turns,
-                             batch_size=batch_size)
+                             batch_size=batch_size, sampler=sampler)
     n = len(episodes)
     turns = sum(len(e.turns) for e in episodes)
     return EvalReport(

@@ -309,14 +309,16 @@ def play_episodes(
     batch_size: int = 32,
     first_group: int = 0,
     agent: AgentPrompt | None = None,
+    sampler: Sampler | None = None,
 ) -> list[Rollout]:
     """`run_rollouts` with an HFSampler over the in-memory `model` (on whatever device and dtype it
-    was loaded with)."""
+    was loaded with), or with `sampler` (another backend over the same policy, e.g. vLLM's; then
+    `model` and `tokenizer` may be None)."""
     from race_core.sampling.hf import HFSampler
 
-    renderer = Renderer(tokenizer)
-    sampler = HFSampler(model, tokenizer, renderer=renderer, batch_size=batch_size)
-    return run_rollouts(sampler, renderer, tasks, group_size, params, max_turns, first_group, agent)
+    if sampler is None:
+        sampler = HFSampler(model, tokenizer, renderer=Renderer(tokenizer), batch_size=batch_size)
+    return run_rollouts(sampler, sampler.renderer, tasks, group_size, params, max_turns, first_group, agent)
 
 
 def training_tasks(config: RLConfig, iteration: int) -> list[CalculatorTask]:
@@ -333,20 +335,23 @@ def sample_chunks(config: RLConfig) -> list[tuple[int, int]]:
             for start in range(0, config.tasks_per_iteration, size)]
 
 
-def sample_rollouts(model, tokenizer, config: RLConfig, iteration: int, chunk: int | None = None) -> list[Rollout]:
+def sample_rollouts(model, tokenizer, config: RLConfig, iteration: int, chunk: int | None = None, *,
+                    sampler: Sampler | None = None) -> list[Rollout]:
     """G rollouts for each of the K training tasks of `iteration` from the policy `model`; their
     log-probs are the update's logp_old. `chunk` c (of `sample_chunks`) plays only its tasks, with
     sampler seed config.seed + iteration + c * stride, so a chunk's rollouts depend on the policy,
     the config and c alone, not on where or beside what it runs; None plays every chunk in turn
-    (with `sample_chunk` 0: one draw of all K tasks at seed config.seed + iteration)."""
+    (with `sample_chunk` 0: one draw of all K tasks at seed config.seed + iteration). `sampler`: as
+    in `play_episodes`."""
     ranges = sample_chunks(config)
     if chunk is None:
-        return [r for c in range(len(ranges)) for r in sample_rollouts(model, tokenizer, config, iteration, c)]
+        return [r for c in range(len(ranges))
+                for r in sample_rollouts(model, tokenizer, config, iteration, c, sampler=sampler)]
     start, stop = ranges[chunk]
     params = SamplingParams(temperature=config.temperature, top_p=config.top_p, max_new_tokens=config.max_new_tokens,
                             seed=config.seed + iteration + chunk * _CHUNK_SEED_STRIDE)
     return play_episodes(model, tokenizer, training_tasks(config, iteration)[start:stop], config.group_size, params,
-                         config.max_turns, first_group=start)
+                         config.max_turns, first_group=start, sampler=sampler)
 
 
 def sample_successful_trajectories(model, tokenizer, tasks: int, samples: int, seed: int,

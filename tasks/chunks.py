@@ -20,6 +20,7 @@ from typing import Any
 
 from race_core.config import Resources, RLConfig, from_dict
 from race_core.envs.calculator import ENV_REVISION
+from race_core.sampling import make_sampler
 from storage import ArtifactStore, stage_key
 from tasks import units
 from tasks.base import _rl_keyed
@@ -101,7 +102,7 @@ class SampleWorker(UnitWorker):
 
         self.job, self.store, self.device, self.log = job, store, device, log
         self.ranges = sample_chunks(job.config)
-        self.model = self.tokenizer = None
+        self.model = self.tokenizer = self.sampler = None
 
     def do(self, unit: Unit, force: bool = False) -> dict[str, Any]:
         from race_core.rollout import rollouts_to_json, sample_rollouts
@@ -110,12 +111,16 @@ class SampleWorker(UnitWorker):
         if not force and chunk_committed(self.store, job.scope, chunk) is not None:
             return {"committed": False, "skipped": True, "read_bytes": 0, "load_s": 0.0}
         load_s = 0.0
-        if self.model is None:
+        if self.model is None and self.sampler is None:
             started = time.perf_counter()
             source = job.source or job.policy
-            self.model, self.tokenizer = source.load(self.store, replace(job.resources, device=self.device))
+            if job.config.sampler == "hf":
+                self.model, self.tokenizer = source.load(self.store, replace(job.resources, device=self.device))
+            else:  # another backend over the same checkpoint (vllm)
+                self.sampler = make_sampler(job.config.sampler, source.local_path(self.store), device=self.device,
+                                            dtype=job.resources.dtype)
             load_s = time.perf_counter() - started
-        rollouts = sample_rollouts(self.model, self.tokenizer, job.config, job.iteration, chunk)
+        rollouts = sample_rollouts(self.model, self.tokenizer, job.config, job.iteration, chunk, sampler=self.sampler)
         data = rollouts_to_json(rollouts).encode("utf-8")
         digest = self.store.put_bytes(data)
         record = {"stage": CHUNK_STAGE, "key": f"{job.scope}-{chunk}", "chunk": chunk,
@@ -130,7 +135,9 @@ class SampleWorker(UnitWorker):
         return {"committed": ours, "skipped": False, "read_bytes": 0, "load_s": round(load_s, 3)}
 
     def close(self) -> None:
-        self.model = self.tokenizer = None
+        if self.sampler is not None and hasattr(self.sampler, "close"):
+            self.sampler.close()
+        self.model = self.tokenizer = self.sampler = None
 
 
 def merge_chunks(store: ArtifactStore, scope: str, chunks: int) -> list[Any]:

@@ -5,7 +5,7 @@ The `code` part of a stage key (DESIGN §7, `storage.keys.stage_key`) is
   (`STAGE_SOURCES`, from each stage's declaration in `tasks.declarations`; globs are relative to
   the project root), so editing one of them reruns that stage and no other;
 - `libraries`: the installed versions of the libraries that change its numbers (`STAGE_LIBRARIES`),
-  plus vllm when the stage's config says `backend: vllm`.
+  plus vllm when the stage's config says `backend: vllm` or `sampler: vllm`.
 
 The cover's rendering (`Renderer.render_mode`: canonical or segments tokenization, and what the chat
 template does with reasoning) is not keyed on its own: it is a function of the tokenizer and
@@ -36,7 +36,7 @@ STAGE_LIBRARIES: dict[str, tuple[str, ...]] = {s.name: s.key.libraries for s in 
 def stage_code(stage: str, config: Mapping[str, Any]) -> dict[str, Any]:
     """The `code` part of `stage`'s key: its source fingerprint and the library versions it runs on."""
     names = STAGE_LIBRARIES.get(stage, ())
-    if config.get("backend") == "vllm":
+    if "vllm" in (config.get("backend"), config.get("sampler")):  # the cover's scorer, a stage's sampler
         names = (*names, "vllm")
     return {"source": source_fingerprint(stage), "libraries": {name: installed_version(name) for name in names}}
 

@@ -101,12 +101,21 @@ def evaluate(store: ArtifactStore, policy: PolicyRef, config: EvalConfig, resour
 
     def compute() -> dict[str, Any]:
         from race_core.evaluate import evaluate_policy, heldout_tasks
+        from race_core.sampling import make_sampler
 
-        model, tokenizer = policy.load(store, resources)
         tasks = heldout_tasks(config.tasks, config.seed, shape=config.shape)
-        report = evaluate_policy(model, tokenizer, tasks, greedy=True,
-                                 seed=config.seed, max_turns=config.max_turns,
-                                 max_new_tokens=config.max_new_tokens)
+        sampler = model = tokenizer = None
+        if config.sampler == "hf":
+            model, tokenizer = policy.load(store, resources)
+        else:  # another backend over the same checkpoint (vllm)
+            sampler = make_sampler(config.sampler, policy.local_path(store), device=resources.device,
+                                   dtype=resources.dtype)
+        try:
+            report = evaluate_policy(model, tokenizer, tasks, greedy=True, seed=config.seed, max_turns=config.max_turns,
+                                     max_new_tokens=config.max_new_tokens, sampler=sampler)
+        finally:
+            if sampler is not None:
+                sampler.close()
         summary = report.summary()
         log(f"evaluate{(' ' + label) if label else ''}: success {summary['success_rate']:.1%}, "
             f"reasoning tokens per episode {summary['reasoning_tokens_per_episode']:.1f}")

@@ -92,6 +92,8 @@ def test_the_whole_loop_runs_on_a_real_instruct_model(prefect_harness, smollm2_c
         reasoning_of_successes = sum(r.reasoning_token_count() for r in rollouts if r.success)
         assert 0 <= metrics["masked_tokens"] <= reasoning_of_successes
         assert metrics["closure_terms"] <= sum(len(r.turns) - 1 for r in rollouts if r.success)
+        assert metrics["actor_loss"] + config.rl.closure_weight * metrics["closure_loss"] == pytest.approx(metrics["loss"])
+        assert (metrics["closure_loss"] > 0) == (metrics["closure_terms"] > 0)  # −Σ log p(close) / T_total
         if name.startswith("grpo"):
             assert metrics["masked_tokens"] == metrics["closure_terms"] == 0
     again = race_ablate(**run)

@@ -179,6 +179,9 @@ def test_vllm_is_keyed_only_when_the_stage_runs_on_it(monkeypatch):
     monkeypatch.setattr(fingerprints, "installed_version", lambda name: f"{name}-1")
     assert "vllm" not in fingerprints.stage_code("cover", {"backend": "hf"})["libraries"]
     assert fingerprints.stage_code("cover", {"backend": "vllm"})["libraries"]["vllm"] == "vllm-1"
+    assert "vllm" not in fingerprints.stage_code("sample", {"temperature": 1.0})["libraries"]  # hf: left out
+    for stage in ("sample", "evaluate"):
+        assert fingerprints.stage_code(stage, {"sampler": "vllm"})["libraries"]["vllm"] == "vllm-1"
 
 
 def test_the_calculator_revision_is_in_the_sample_and_evaluate_keys(monkeypatch):

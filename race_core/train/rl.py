@@ -89,11 +89,14 @@ class RLReport:
     wall_seconds: float = 0.0
     extra: dict = field(default_factory=dict)
     grad_norms: list[float] = field(default_factory=list)  # one per inner step, before clipping
+    closure_loss: float | None = None  # the closure term −Σ log p(close) / T_total of the first step run (loss = actor + λ·it)
+    actor_loss: float | None = None  # that step's loss less λ·closure_loss
 
     def summary(self) -> dict:
         return {"success_rate": self.success_rate, "reasoning_tokens_per_turn": self.reasoning_tokens_per_turn,
                 "masked_tokens": self.masked_tokens, "closure_terms": self.closure_terms,
                 "policy_tokens": self.policy_tokens, "total_turns": self.total_turns, "loss": self.loss,
+                "actor_loss": self.actor_loss, "closure_loss": self.closure_loss,
                 "rollouts": len(self.rollouts), "wall_seconds": round(self.wall_seconds, 2),
                 "step_losses": self.losses, "grad_norms": self.grad_norms, "processes": self.extra.get("processes", 1)}
 
@@ -248,6 +251,7 @@ def update_from_rollouts(
     losses: list[float] = list(run.history.get("losses", []))
     grad_norms: list[float] = list(run.history.get("grad_norms", []))
     logged_logp, logged_closure = None, None
+    closure_term = first_loss = None  # of the first step this call runs
     for step in range(run.start_step, config.inner_steps):
         logp_new = policy_logprobs(run.model, batch)
         closure = closure_logprobs(run.model, batch)
@@ -257,6 +261,8 @@ def update_from_rollouts(
             loss = loss + run.idle_loss(pad_id)
         if logged_logp is None:
             logged_logp, logged_closure = logp_new.detach().cpu(), closure.detach().cpu()
+            closure_term = -run.all_reduce_sum(float(closure.detach().sum()))[0] / max(total_turns, 1)
+            first_loss = run.all_reduce_sum(float(loss.detach()))[0]
         run.optimizer.zero_grad(set_to_none=True)
         run.backward(loss * run.world_size)  # the processes' gradients are averaged
         grad_norms.append(run.clip_and_step(config.max_grad_norm, clear=False))  # the update's gradients stay readable
@@ -273,6 +279,7 @@ def update_from_rollouts(
         reasoning_tokens_per_turn=reasoning / max(turns, 1),
         masked_tokens=masked, closure_terms=closure_terms,
         policy_tokens=policy_tokens, total_turns=total_turns, loss=losses[0], losses=losses,
+        closure_loss=closure_term, actor_loss=None if first_loss is None else first_loss - config.closure_weight * closure_term,
         batch=batch, logp_new=logged_logp, closure_logprobs=logged_closure, rollouts=list(rollouts),
         covers=all_covers, wall_seconds=time.perf_counter() - started, extra=run.facts(), grad_norms=grad_norms,
     )
