@@ -294,6 +294,12 @@ def cmd_gc(args) -> int:
     grace = DEFAULT_GRACE_HOURS if args.grace_hours is None else args.grace_hours
     report = ArtifactStore(args.store).gc(dry_run=not args.delete, grace_hours=grace)
     verb = "removed" if args.delete else "would remove (dry run; --delete to remove)"
+    offset = report.clock_offset_s
+    if offset is None:
+        print("ages on this host's clock (the store could not be written to read its own)")
+    elif abs(offset) >= 60:
+        print(f"ages on the store's clock, which is {abs(offset) / 3600:.1f} h "
+              f"{'ahead of' if offset > 0 else 'behind'} this host's")
     found = [("unreferenced object(s)", report.objects), ("abandoned temp file(s)", report.temp_files),
              ("quarantined corrupt object(s)", report.quarantined), ("abandoned multipart upload(s)", report.uploads),
              ("dead pool lease(s)", report.leases)]

@@ -620,7 +620,7 @@ def _with_retries(url: str, options: dict[str, Any]) -> dict[str, Any]:
     if not url.startswith(("s3://", "s3a://")):
         return options
     config = dict(options.get("config_kwargs") or {})
-    config.setdefault("retries", {"mode": "standard", "max_attempts": S3_MAX_ATTEMPTS})
+    config.setdefault("retries", {"mode": "standard", "total_max_attempts": S3_MAX_ATTEMPTS})
     return {**options, "config_kwargs": config}
 
 
