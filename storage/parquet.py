@@ -350,7 +350,11 @@ def _fetch_dataset(store: ArtifactStore, digest: str, kind: str, folder: str) ->
         schema = pq.read_schema(path)
     except pa.ArrowException as exc:
         raise ValueError(f"object {digest} is not a Parquet file ({exc})") from None
-    _check_kind(kind, schema, f"object {digest}")
+    try:
+        _check_kind(kind, schema, f"object {digest}")
+    except ValueError as exc:
+        raise ValueError(f"{exc}: the manifest that names it for {kind!r} is damaged; run again with --force on "
+                         f"the stage that wrote it") from None
     return path
 
 
