@@ -107,8 +107,8 @@ _WHAT_TO_DO = {
     errno.ENOSPC: "free space on it and run again",
     errno.EDQUOT: "free space (or raise the quota) and run again",
     errno.EROFS: "the filesystem is mounted read-only: remount it read-write or use another store",
-    errno.EACCES: "this user may not write there: fix its permissions or use another store",
-    errno.EPERM: "this user may not write there: fix its permissions or use another store",
+    errno.EACCES: "this user lacks the permission: fix its permissions or use another store",
+    errno.EPERM: "this user lacks the permission: fix its permissions or use another store",
 }
 
 
@@ -125,7 +125,7 @@ class StoreIOError(OSError):
         return self.strerror or ""
 
     @classmethod
-    def of(cls, exc: BaseException, action: str, where: str, committed: bool = False) -> StoreIOError:
+    def of(cls, exc: BaseException, action: str, where: str) -> StoreIOError:
         """The one-line error for `exc`, raised while trying to `action` `where`."""
         if isinstance(exc, StoreIOError):
             return exc
@@ -138,7 +138,7 @@ class StoreIOError(OSError):
             advice = _WHAT_TO_DO.get(code, "fix the store and run again")
         else:
             cause, advice = f"{type(exc).__name__}: {exc}", "fix the store and run again"
-        if action == "write" and not committed:
+        if action == "write":  # the write was atomic and the stage's manifest comes after its objects
             advice = f"nothing was committed: {advice}"
         return cls(action, where, " ".join(cause.split()), advice, code if isinstance(code, int) else None)
 
