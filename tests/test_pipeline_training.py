@@ -100,8 +100,8 @@ def test_killed_during_sft_resumes_without_recomputing_the_cover(tiny_checkpoint
     resumed_checkpoint, clean_checkpoint = resumed_objects.pop("sft_checkpoint"), clean_objects.pop("sft_checkpoint")
     assert resumed_objects == clean_objects  # rejects, decisions, compressed: byte for byte
     # The SFT checkpoint: the same training from the same start, in two processes. Measured: bitwise
-    # equal (separate processes, 100 and 400 steps, 1 or 2 threads), but once in CI every tensor
-    # was off by up to 1.0e-4 after 400 steps. WEIGHT_ATOL is twice that worst case, and still well
+    # equal (this test, 400 steps; two processes of 100 steps at 1 or 2 threads), but once in CI
+    # every tensor was off by up to 1.0e-4 after 400 steps. WEIGHT_ATOL is twice that worst case, and still well
     # under what one Adam step at lr 1e-3 moves a weight (up to about 1e-3): a resumed run that
     # trained a step more or less fails.
     resumed_weights = _weights(tmp_path / "store", resumed_checkpoint)
