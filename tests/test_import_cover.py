@@ -167,4 +167,4 @@ def test_hf_and_vllm_cpu_make_the_same_decisions_on_imported_logs(logs, hf_run, 
     scored = ~a["skipped_empty"]
     drop_difference = (a["max_drop"][scored] - b["max_drop"][scored]).abs().max()
     print(f"measured max |hf - vllm| of max_drop: {drop_difference:.2e}")
-    assert drop_difference < 1e-3
+    assert drop_difference < 1e-4  # measured 9.1e-6 (SmolLM2, float32, CPU; `pytest -s` prints it), ~10x

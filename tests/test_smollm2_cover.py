@@ -71,7 +71,7 @@ def test_hf_and_vllm_cpu_make_the_same_decisions_on_smollm2(inputs, smollm2_chec
     scored = ~a["skipped_empty"]
     drop_difference = (a["max_drop"][scored] - b["max_drop"][scored]).abs().max()
     print(f"measured max |hf - vllm| of max_drop: {drop_difference:.2e}")
-    assert drop_difference < 1e-3
+    assert drop_difference < 1e-4  # measured 9.3e-6 (SmolLM2, float32, CPU; `pytest -s` prints it), ~10x
     assert list(vllm["rejects"]["code"]) == ["too_long"]  # not sent to the engine (it would fail the call)
     assert vllm_summary["cover"]["scorer_noise"] is not None
     assert hf_summary["cover"]["removed"] == vllm_summary["cover"]["removed"]

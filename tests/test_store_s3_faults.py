@@ -104,13 +104,22 @@ def clean_cover(tmp_path_factory, tiny_checkpoint):
     return inputs, json.loads(stdout.getvalue())
 
 
-def race_cover_on(proxy, monkeypatch, store_url: str, inputs, checkpoint, out: Path, capsys) -> tuple[int, str, str]:
+@pytest.fixture
+def through_proxy(proxy, monkeypatch):
+    """This process's S3 clients without storage options (what `race` builds from a URL) go to the
+    proxy: the endpoint in the environment, s3fs's cached instances dropped before and after (one
+    kept would hold an endpoint that is gone)."""
     import s3fs
     from s3_proxy import child_env
 
     for name, value in child_env(proxy.url).items():
         monkeypatch.setenv(name, value)
-    s3fs.S3FileSystem.clear_instance_cache()  # a cached client would keep another endpoint
+    s3fs.S3FileSystem.clear_instance_cache()
+    yield proxy
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
+def race_cover_on(store_url: str, inputs, checkpoint, out: Path, capsys) -> tuple[int, str, str]:
     capsys.readouterr()
     rc = main(["cover", "--input", *inputs, "--checkpoint", str(checkpoint), "--out", str(out), "--store",
                store_url, "--epsilon", EPSILON])
@@ -119,13 +128,14 @@ def race_cover_on(proxy, monkeypatch, store_url: str, inputs, checkpoint, out: P
 
 
 def test_race_cover_on_a_throttling_store_completes_and_on_a_failing_one_stops_in_one_line_then_resumes(
-        proxy, monkeypatch, clean_cover, tiny_checkpoint, tmp_path, capsys):
+        through_proxy, clean_cover, tiny_checkpoint, tmp_path, capsys):
+    proxy = through_proxy
     inputs, clean = clean_cover
     url = f"s3://{BUCKET}/{uuid.uuid4().hex}"
     proxy.fail("PUT", "/objects/", 503, times=3)
     proxy.fail("GET", "/objects/", 503, times=3)
     proxy.fail("HEAD", "/stages/", 500, times=2)
-    rc, out, err = race_cover_on(proxy, monkeypatch, url, inputs, tiny_checkpoint, tmp_path / "a", capsys)
+    rc, out, err = race_cover_on(url, inputs, tiny_checkpoint, tmp_path / "a", capsys)
     assert rc == 0, err[-3000:]
     assert json.loads(out)["objects"] == clean["objects"]  # the same bytes as on a local disk
     assert all(rule.hits == rule.times for rule in proxy.rules)  # every injected error was met, and retried
@@ -133,7 +143,7 @@ def test_race_cover_on_a_throttling_store_completes_and_on_a_failing_one_stops_i
     proxy.clear()
     url = f"s3://{BUCKET}/{uuid.uuid4().hex}"
     proxy.fail("PUT", "/stages/cover/", 503, times=None)  # the cover's commit point never gets through
-    rc, out, err = race_cover_on(proxy, monkeypatch, url, inputs, tiny_checkpoint, tmp_path / "b", capsys)
+    rc, out, err = race_cover_on(url, inputs, tiny_checkpoint, tmp_path / "b", capsys)
     assert rc == 2
     assert_one_line_error(err, "cover", f"cannot write {url}/stages/cover/", "HTTP 503 SlowDown",
                           f"({S3_MAX_ATTEMPTS} tries)")
@@ -141,7 +151,7 @@ def test_race_cover_on_a_throttling_store_completes_and_on_a_failing_one_stops_i
     assert store.list_manifests("cover") == [] and len(store.list_manifests("ingest")) == 1  # not half committed
 
     proxy.clear()
-    rc, out, err = race_cover_on(proxy, monkeypatch, url, inputs, tiny_checkpoint, tmp_path / "c", capsys)
+    rc, out, err = race_cover_on(url, inputs, tiny_checkpoint, tmp_path / "c", capsys)
     assert rc == 0, err[-3000:]
     summary = json.loads(out)
     assert summary["objects"] == clean["objects"]
@@ -233,7 +243,9 @@ def _upload(proxy, url: str, path: Path) -> subprocess.Popen:
                             text=True)
 
 
-def test_a_multipart_upload_whose_writer_is_killed_leaves_no_object_and_gc_aborts_it(proxy, tmp_path, capsys):
+def test_a_multipart_upload_whose_writer_is_killed_leaves_no_object_and_gc_aborts_it(through_proxy, tmp_path,
+                                                                                    capsys):
+    proxy = through_proxy
     big = tmp_path / "checkpoint.safetensors"
     big.write_bytes(os.urandom(3 * PART + 123))
     prefix = uuid.uuid4().hex
@@ -253,15 +265,8 @@ def test_a_multipart_upload_whose_writer_is_killed_leaves_no_object_and_gc_abort
     uploads = [u for u in store.fs.list_multipart_uploads(BUCKET) if u["Key"].startswith(f"{prefix}/")]
     assert [u["Key"] for u in uploads] == [f"{prefix}/objects/{digest[:2]}/{digest}"]
 
-    import s3fs
-    from s3_proxy import child_env
-
-    with pytest.MonkeyPatch.context() as mp:
-        for name, value in child_env(proxy.url).items():
-            mp.setenv(name, value)
-        s3fs.S3FileSystem.clear_instance_cache()
-        capsys.readouterr()
-        assert main(["gc", "--store", url, "--delete", "--grace-hours", "0"]) == 0
+    capsys.readouterr()
+    assert main(["gc", "--store", url, "--delete", "--grace-hours", "0"]) == 0
     assert "removed: 1 abandoned multipart upload(s) older than 0 h" in capsys.readouterr().out
     assert not [u for u in store.fs.list_multipart_uploads(BUCKET) if u["Key"].startswith(f"{prefix}/")]
 
