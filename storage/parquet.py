@@ -342,12 +342,28 @@ def iter_trajectories(
         yield row_to_trajectory(row)
 
 
+def _fetch_dataset(store: ArtifactStore, digest: str, kind: str, folder: str) -> Path:
+    """The object copied to a local file (verified), refused unless it is a `kind` dataset: an error
+    naming the object, for a manifest that points at another dataset."""
+    path = store.get_file(digest, Path(folder) / f"{kind}.parquet")
+    try:
+        schema = pq.read_schema(path)
+    except pa.ArrowException as exc:
+        raise ValueError(f"object {digest} is not a Parquet file ({exc})") from None
+    try:
+        _check_kind(kind, schema, f"object {digest}")
+    except ValueError as exc:
+        raise ValueError(f"{exc}: the manifest that names it for {kind!r} is damaged; run again with --force on "
+                         f"the stage that wrote it") from None
+    return path
+
+
 def read_dataset_from_store(
     store: ArtifactStore, digest: str, kind: str, *, as_arrow: bool = False, columns: list[str] | None = None
 ) -> pd.DataFrame | pa.Table:
     """Read a dataset object (verified against its digest) from the store."""
     with tempfile.TemporaryDirectory(prefix="race-parquet-") as tmpdir:
-        path = store.get_file(digest, Path(tmpdir) / f"{kind}.parquet")
+        path = _fetch_dataset(store, digest, kind, tmpdir)
         table = read_dataset(kind, path, as_arrow=True, columns=columns)
     return table if as_arrow else table.to_pandas()
 
@@ -366,5 +382,5 @@ def iter_rows_from_store(
 ) -> Iterator[dict[str, Any]]:
     """Stream a dataset object's rows (fetched to a verified local temp file first)."""
     with tempfile.TemporaryDirectory(prefix="race-parquet-") as tmpdir:
-        path = store.get_file(digest, Path(tmpdir) / f"{kind}.parquet")
+        path = _fetch_dataset(store, digest, kind, tmpdir)
         yield from iter_rows(kind, path, batch_size)

@@ -33,12 +33,21 @@ checks existence and size, one stat per object, before a stage reuses its output
 the digest, and a corrupt object is moved to `quarantine/<digest>` so that the next hit check finds
 it missing and the stage that produced it is recomputed.
 
-Garbage: `gc` (`storage.gc`) takes nothing younger than a grace period; reusing an existing
-object refreshes its age.
+Garbage: `gc` (`storage.gc`) takes nothing younger than a grace period, measured on the store's
+own clock; reusing an existing object refreshes its age.
+
+Faults of the filesystem under the store (a full disk, a read-only filesystem, a folder this user
+may not write, an object store that keeps answering 5xx or throttling) surface as one
+`StoreIOError`: one line naming the path or URL, the cause and what to do. A write that fails
+leaves nothing under a final name (the temp file is removed), and no manifest is written after a
+failed object, so the stage did not commit and a rerun once the cause is gone computes it whole.
+S3 requests are retried by botocore's standard retry mode (exponential backoff with jitter, each
+wait at most 20 s), `S3_MAX_ATTEMPTS` tries in all unless the storage options say otherwise.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -46,6 +55,7 @@ import re
 import shutil
 import uuid
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -67,16 +77,19 @@ REFERENCE_ROOTS = ("stages", "catalog")
 QUARANTINE = "quarantine"
 TEMP_PREFIX = ".tmp-"
 DEFAULT_GRACE_HOURS = 6.0
+S3_MAX_ATTEMPTS = int(os.environ.get("RACE_S3_MAX_ATTEMPTS", "5"))  # every S3 request, first try included
+# multipart part size of S3 uploads (s3fs's default, 50 MiB, unless set; S3's minimum is 5 MiB)
+S3_PART_BYTES = int(os.environ.get("RACE_S3_PART_BYTES", "0")) or None
 
 
 class CorruptObjectError(IOError):
     """An object whose bytes no longer hash to its name (it is moved to quarantine when found)."""
 
-    def __init__(self, digest: str, actual: str):
-        super().__init__(
-            f"object {digest} is corrupt (its bytes hash to {actual}); it was moved to "
-            f"{QUARANTINE}/{digest}, and the next run recomputes the stage that produced it"
-        )
+    def __init__(self, digest: str, actual: str, not_moved: str | None = None):
+        where = (f"it could not be moved to {QUARANTINE}/ ({not_moved}): remove it by hand, and" if not_moved
+                 else f"it was moved to {QUARANTINE}/{digest}, and")
+        super().__init__(f"object {digest} is corrupt (its bytes hash to {actual}); {where} the next run "
+                         f"recomputes the stage that produced it")
         self.digest = digest
         self.actual = actual
 
@@ -88,6 +101,63 @@ class MissingObjectError(FileNotFoundError):
         super().__init__(f"object {digest} is not in the store; the next run recomputes the stage that "
                          f"produces it")
         self.digest = digest
+
+
+_WHAT_TO_DO = {
+    errno.ENOSPC: "free space on it and run again",
+    errno.EDQUOT: "free space (or raise the quota) and run again",
+    errno.EROFS: "the filesystem is mounted read-only: remount it read-write or use another store",
+    errno.EACCES: "this user lacks the permission: fix its permissions or use another store",
+    errno.EPERM: "this user lacks the permission: fix its permissions or use another store",
+}
+
+
+class StoreIOError(OSError):
+    """A read or write that the store's filesystem refused or kept failing (module doc: Faults)."""
+
+    def __init__(self, action: str, where: str, cause: str, advice: str, code: int | None = None):
+        super().__init__(code or errno.EIO, f"cannot {action} {where}: {cause}; {advice}")
+        self.where, self.cause = where, cause
+        # a full disk, a read-only filesystem, a missing permission: a retry seconds later fails the same way
+        self.lasting = code in _WHAT_TO_DO
+
+    def __str__(self) -> str:
+        return self.strerror or ""
+
+    @classmethod
+    def of(cls, exc: BaseException, action: str, where: str) -> StoreIOError:
+        """The one-line error for `exc`, raised while trying to `action` `where`."""
+        if isinstance(exc, StoreIOError):
+            return exc
+        code = getattr(exc, "errno", None)
+        remote = _remote_cause(exc)
+        if remote is not None:
+            cause, advice = remote, "the store kept failing: run again when it answers"
+        elif isinstance(code, int) and code in errno.errorcode:
+            cause = f"{os.strerror(code)} ({errno.errorcode[code]})"
+            advice = _WHAT_TO_DO.get(code, "fix the store and run again")
+        else:
+            cause, advice = f"{type(exc).__name__}: {exc}", "fix the store and run again"
+        if action == "write":  # the write was atomic and the stage's manifest comes after its objects
+            advice = f"nothing was committed: {advice}"
+        return cls(action, where, " ".join(cause.split()), advice, code if isinstance(code, int) else None)
+
+
+def _remote_cause(exc: BaseException) -> str | None:
+    """What an object store answered (status, error code, message, tries), from the botocore error
+    behind s3fs's translation; None for an error that is not a remote answer."""
+    for link in (exc, exc.__cause__, exc.__context__):
+        response = getattr(link, "response", None)
+        if isinstance(response, dict) and "Error" in response:
+            error, meta = response.get("Error", {}), response.get("ResponseMetadata", {})
+            status = meta.get("HTTPStatusCode", "?")
+            tries = meta.get("RetryAttempts", 0) + 1
+            return (f"HTTP {status} {error.get('Code', '')}: {error.get('Message', '')} "
+                    f"({tries} tr{'y' if tries == 1 else 'ies'})")
+    name = type(exc).__name__
+    if name in ("EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError"):
+        return f"{name}: {exc}"
+    return None
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -132,11 +202,19 @@ class ArtifactStore:
 
     def __init__(self, root: str | os.PathLike[str], storage_options: dict[str, Any] | None = None):
         self.url = str(root)
-        self.fs, path = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
+        self.fs, path = fsspec.core.url_to_fs(self.url, **_with_retries(self.url, storage_options or {}))
+        self._upload_options: dict[str, Any] = {}
+        if "s3" in _protocols(self.fs):
+            self.fs.retries = 1  # s3fs's own loop would multiply botocore's tries (module doc)
+            if S3_PART_BYTES:
+                self._upload_options["chunksize"] = S3_PART_BYTES
         self.local = isinstance(self.fs, LocalFileSystem)
         self.root = (os.path.abspath(path) if self.local else path).rstrip("/")
         if self.local:
-            os.makedirs(self.root, exist_ok=True)
+            try:
+                os.makedirs(self.root, exist_ok=True)
+            except OSError as exc:
+                raise StoreIOError.of(exc, "create the store folder", self.root) from None
 
     def __repr__(self) -> str:
         return f"ArtifactStore({self.url!r})"
@@ -144,6 +222,12 @@ class ArtifactStore:
     # -- paths --------------------------------------------------------------------------------
     def _path(self, *parts: str) -> str:
         return "/".join([self.root, *parts])
+
+    def _where(self, path: str) -> str:
+        """`path` as the user names it: a local path, or the URL with its protocol."""
+        if self.local:
+            return path
+        return f"{_protocols(self.fs)[0]}://{path}"
 
     def object_path(self, digest: str) -> str:
         """Where the object lives in the store's filesystem (for diagnostics and tests)."""
@@ -155,8 +239,25 @@ class ArtifactStore:
         return self._path("stages", _check_name("stage", stage), _check_name("key", key) + ".json")
 
     # -- low-level atomic writes ---------------------------------------------------------------
+    @contextmanager
+    def _faults(self, action: str, path: str) -> Iterator[None]:
+        """Turn what the filesystem raises while we `action` `path` into a `StoreIOError`; a missing
+        file, a lost create race and the store's own errors pass as they are."""
+        try:
+            yield
+        except (FileNotFoundError, FileExistsError, StoreIOError, CorruptObjectError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - OSError, or what a remote filesystem's client raises
+            if not isinstance(exc, OSError) and _remote_cause(exc) is None:
+                raise
+            raise StoreIOError.of(exc, action, self._where(path)) from None
+
     def _write_bytes_atomic(self, path: str, data: bytes, create: bool = False) -> None:
         """Write `path` whole or not at all; with `create`, a `FileExistsError` if it exists."""
+        with self._faults("write", path):
+            self._write_bytes(path, data, create)
+
+    def _write_bytes(self, path: str, data: bytes, create: bool) -> None:
         if self.local:
             directory = os.path.dirname(path)
             os.makedirs(directory, exist_ok=True)
@@ -179,6 +280,10 @@ class ArtifactStore:
             self.fs.invalidate_cache(path)
 
     def _write_file_atomic(self, path: str, source: str | os.PathLike[str]) -> None:
+        with self._faults("write", path):
+            self._write_file(path, source)
+
+    def _write_file(self, path: str, source: str | os.PathLike[str]) -> None:
         if self.local:
             directory = os.path.dirname(path)
             os.makedirs(directory, exist_ok=True)
@@ -193,14 +298,15 @@ class ArtifactStore:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
         else:
-            self.fs.put_file(str(source), path)  # multipart on S3: visible only when complete
+            self.fs.put_file(str(source), path, **self._upload_options)  # multipart: visible when complete
             self.fs.invalidate_cache(path)
 
     def _exists(self, path: str) -> bool:
         if self.local:
             return os.path.exists(path)
-        self.fs.invalidate_cache(path)
-        return self.fs.exists(path)
+        with self._faults("read", path):
+            self.fs.invalidate_cache(path)
+            return self.fs.exists(path)
 
     # -- objects ------------------------------------------------------------------------------
     def has_object(self, digest: str) -> bool:
@@ -209,7 +315,7 @@ class ArtifactStore:
 
     def _hash_stored(self, digest: str) -> str:
         h = hashlib.sha256()
-        with self.fs.open(self.object_path(digest), "rb") as fh:
+        with self._faults("read", self.object_path(digest)), self.fs.open(self.object_path(digest), "rb") as fh:
             for chunk in iter(lambda: fh.read(CHUNK), b""):
                 h.update(chunk)
         return h.hexdigest()
@@ -228,6 +334,8 @@ class ArtifactStore:
             os.utime(self.object_path(digest))
         except FileNotFoundError:  # a gc took it meanwhile: write it again
             return False
+        except OSError:  # a store this user may not write (or read-only): the good copy is what counts
+            pass
         return True
 
     def put_bytes(self, data: bytes) -> str:
@@ -248,10 +356,11 @@ class ArtifactStore:
         """The object's size in bytes, or None if it is missing (one stat, nothing read)."""
         path = self.object_path(digest)
         try:
-            if self.local:
-                return os.path.getsize(path)
-            self.fs.invalidate_cache(path)
-            return int(self.fs.size(path))
+            with self._faults("read", path):
+                if self.local:
+                    return os.path.getsize(path)
+                self.fs.invalidate_cache(path)
+                return int(self.fs.size(path))
         except FileNotFoundError:
             return None
 
@@ -267,6 +376,8 @@ class ArtifactStore:
                 self.fs.invalidate_cache()
         except FileNotFoundError:
             pass  # another reader moved it first
+        except Exception as exc:  # noqa: BLE001 - a store we may not write: say so, the corruption first
+            return CorruptObjectError(digest, actual, StoreIOError.of(exc, "move", self._where(source)).cause)
         return CorruptObjectError(digest, actual)
 
     def put_json(self, obj: Any) -> str:
@@ -278,7 +389,8 @@ class ArtifactStore:
         path = self.object_path(digest)
         if not self._exists(path):
             raise MissingObjectError(digest)
-        data = self.fs.cat_file(path)
+        with self._faults("read", path):
+            data = self.fs.cat_file(path)
         actual = sha256_bytes(data)
         if actual != digest:
             raise self._quarantine(digest, actual)
@@ -298,7 +410,8 @@ class ArtifactStore:
         tmp = dest.with_name(f"{TEMP_PREFIX}{uuid.uuid4().hex}-{dest.name}")
         h = hashlib.sha256()
         try:
-            with self.fs.open(path, "rb") as src, open(tmp, "wb") as dst:
+            with self._faults("copy", f"{self._where(path)} to {tmp}"), self.fs.open(path, "rb") as src, \
+                    open(tmp, "wb") as dst:
                 for chunk in iter(lambda: src.read(CHUNK), b""):
                     h.update(chunk)
                     dst.write(chunk)
@@ -317,7 +430,9 @@ class ArtifactStore:
         base = self._path("objects")
         if not self._exists(base):
             return
-        for path in self.fs.find(base):
+        with self._faults("list", base):
+            paths = self.fs.find(base)
+        for path in paths:
             name = path.rstrip("/").rsplit("/", 1)[-1]
             if _DIGEST.match(name):
                 yield name
@@ -376,14 +491,24 @@ class ArtifactStore:
         path = self._path(*relative_path.strip("/").split("/"))
         if not self._exists(path):
             return None
-        return json.loads(self.fs.cat_file(path).decode("utf-8"))
+        return self._read_json(path)
+
+    def _read_json(self, path: str) -> dict[str, Any]:
+        with self._faults("read", path):
+            data = self.fs.cat_file(path)
+        try:
+            return json.loads(data.decode("utf-8"))
+        except ValueError as exc:
+            raise ValueError(f"record {self._where(path)} is not readable JSON ({exc}); it was not written by "
+                             f"this store (its writes are atomic): remove it and run again") from None
 
     def list_records(self, relative_dir: str) -> list[str]:
         """Names (not paths) of the JSON records directly under `relative_dir`, sorted."""
         base = self._path(*relative_dir.strip("/").split("/"))
         if not self._exists(base):
             return []
-        names = (p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(base, detail=False))
+        with self._faults("list", base):
+            names = [p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(base, detail=False)]
         return sorted(n for n in names if n.endswith(".json") and not n.startswith(TEMP_PREFIX))
 
     # -- manifests ----------------------------------------------------------------------------
@@ -436,7 +561,8 @@ class ArtifactStore:
         base = self._path("stages")
         if not self._exists(base):
             return []
-        return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(base, detail=False))
+        with self._faults("list", base):
+            return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(base, detail=False))
 
     def list_manifests(self, stage: str) -> list[str]:
         """Keys of the committed manifests of `stage`."""
@@ -450,9 +576,11 @@ class ArtifactStore:
             base = self._path(top)
             if not self._exists(base):
                 continue
-            for path in self.fs.find(base):
+            with self._faults("list", base):
+                paths = self.fs.find(base)
+            for path in paths:
                 if path.endswith(".json") and not path.rsplit("/", 1)[-1].startswith(TEMP_PREFIX):
-                    roots.update(_referenced(json.loads(self.fs.cat_file(path).decode("utf-8"))))
+                    roots.update(_referenced(self._read_json(path)))
         return self._reachable(roots)
 
     def _reachable(self, roots: Iterable[str]) -> set[str]:
@@ -470,7 +598,7 @@ class ArtifactStore:
     def _is_tree(self, digest: str) -> bool:
         if not self.has_object(digest):
             return False
-        with self.fs.open(self.object_path(digest), "rb") as fh:
+        with self._faults("read", self.object_path(digest)), self.fs.open(self.object_path(digest), "rb") as fh:
             return fh.read(len(_TREE_PREFIX)) == _TREE_PREFIX
 
     def gc(self, dry_run: bool = True, grace_hours: float = DEFAULT_GRACE_HOURS) -> GCReport:
@@ -479,6 +607,21 @@ class ArtifactStore:
         from storage.gc import collect_garbage
 
         return collect_garbage(self, dry_run, grace_hours)
+
+
+def _protocols(fs: Any) -> tuple[str, ...]:
+    protocol = getattr(fs, "protocol", ())
+    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
+
+
+def _with_retries(url: str, options: dict[str, Any]) -> dict[str, Any]:
+    """`options` with botocore's standard retry mode (`S3_MAX_ATTEMPTS` tries) for an S3 URL, unless
+    the options choose their own retries."""
+    if not url.startswith(("s3://", "s3a://")):
+        return options
+    config = dict(options.get("config_kwargs") or {})
+    config.setdefault("retries", {"mode": "standard", "total_max_attempts": S3_MAX_ATTEMPTS})
+    return {**options, "config_kwargs": config}
 
 
 def _referenced(record: Any) -> list[str]:

@@ -40,13 +40,14 @@ RETRY_DELAY_S = float(os.environ.get("RACE_RETRY_DELAY_S", "5"))
 
 
 def worth_retrying(task, task_run, state) -> bool:
-    """Retry what may pass a second time (a lost connection, a freed disk, an object store that
-    answers again), not what fails the same way every time: a bad parameter or input, a scorer too
-    noisy for ε, a stage that was not run (ValueError, LookupError), nor units whose executor has
-    spent their tries already (`tasks.executors.UnitsFailed`: tries are counted once)."""
+    """Retry what may pass a second time (a lost connection, an object store that answers again),
+    not what fails the same way every time: a bad parameter or input, a scorer too noisy for ε, a
+    stage that was not run (ValueError, LookupError), a full, read-only or unwritable store
+    (`StoreIOError.lasting`), nor units whose executor has spent their tries already
+    (`tasks.executors.UnitsFailed`: tries are counted once)."""
     from tasks.executors import UnitsFailed
 
-    return not isinstance(state.data, ValueError | LookupError | UnitsFailed)
+    return not isinstance(state.data, ValueError | LookupError | UnitsFailed) and not getattr(state.data, "lasting", False)
 
 
 RETRY = {"retries": RETRIES, "retry_delay_seconds": RETRY_DELAY_S, "retry_condition_fn": worth_retrying}

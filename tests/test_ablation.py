@@ -98,8 +98,11 @@ def test_the_ablation_flow_caches_every_arm(prefect_harness, smoke_policy, tmp_p
     assert again["arms"] == first["arms"] and again["removed_by_kind"] == first["removed_by_kind"]
     written = json.loads((out / "ablation.json").read_text())
     assert [(e["arm"], e["seed"]) for e in written["arms"]] == [(a, s) for a in ARMS for s in (0, 1)]
-    for entry in written["arms"]:
-        assert 0 <= entry["success_rate"] <= 1 and entry["reasoning_tokens_per_episode"] >= 0
+    episodes = config.evaluate.tasks  # greedy: one episode per task
+    for entry in written["arms"]:  # means over the arm's episodes: whole counts of them
+        successes, tokens = entry["success_rate"] * episodes, entry["reasoning_tokens_per_episode"] * episodes
+        assert abs(successes - round(successes)) < 1e-9 and 0 <= round(successes) <= episodes
+        assert abs(tokens - round(tokens)) < 1e-9
         assert ("rl" in entry and "grpo" in entry) == (entry["arm"] == "race")
     assert (out / "ablation.png").stat().st_size > 0 and "| race |" in (out / "report.md").read_text()
 

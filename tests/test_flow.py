@@ -47,14 +47,17 @@ def test_second_run_on_the_same_inputs_computes_nothing(prefect_harness, tiny_ch
     assert second["objects"] == first["objects"]
 
 
-def test_a_fault_that_fails_once_is_retried(prefect_harness, tiny_checkpoint, demo_inputs, tmp_path, monkeypatch):
+def test_a_stage_that_raises_a_connection_error_once_is_retried(prefect_harness, tiny_checkpoint, demo_inputs,
+                                                                 tmp_path, monkeypatch):
+    """The flow's reaction to a stage that raises, not a real fault (tests/test_store_*_faults.py
+    inject those): the compress stage is replaced by one that raises ConnectionError the first time."""
     real = stages.compress
     attempts = []
 
-    def flaky(*args, **kwargs):  # fault injected on purpose
+    def flaky(*args, **kwargs):
         attempts.append(1)
         if len(attempts) == 1:
-            raise ConnectionError("injected: object store unreachable")
+            raise ConnectionError("injected: the stage raised")
         return real(*args, **kwargs)
 
     monkeypatch.setattr(stages, "compress", flaky)
@@ -63,15 +66,17 @@ def test_a_fault_that_fails_once_is_retried(prefect_harness, tiny_checkpoint, de
     assert summary["cover"]["candidates"] > 0
 
 
-def test_a_permanent_failure_fails_the_run_naming_the_stage(prefect_harness, tiny_checkpoint, demo_inputs,
-                                                            tmp_path, monkeypatch):
-    def broken(*args, **kwargs):  # fault injected on purpose
-        raise RuntimeError("injected: disk full")
+def test_a_stage_that_always_raises_fails_the_run_naming_its_task(prefect_harness, tiny_checkpoint, demo_inputs,
+                                                                   tmp_path, monkeypatch):
+    """The flow's reaction to a stage that raises every time (replaced by a function raising
+    RuntimeError), not a real fault: a real full disk is tests/test_store_disk_faults.py's."""
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected: the cover stage raised")
 
     monkeypatch.setattr(stages, "cover", broken)
     state = race_pipeline(cover_config(demo_inputs, tiny_checkpoint, tmp_path / "s"), return_state=True)
     assert state.is_failed()
-    with pytest.raises(RuntimeError, match="disk full"):
+    with pytest.raises(RuntimeError, match="the cover stage raised"):
         state.result()
     from prefect.client.orchestration import get_client
 
@@ -168,10 +173,11 @@ def test_nightly_scores_only_the_trajectories_of_a_new_file(prefect_harness, tin
     assert set(part2["id"]) == {t.id for t in trajectories[6:9]}
 
 
-def test_an_error_that_recurs_is_not_retried(prefect_harness, tiny_checkpoint, demo_inputs, tmp_path, monkeypatch):
+def test_a_stage_that_raises_a_value_error_is_not_retried(prefect_harness, tiny_checkpoint, demo_inputs, tmp_path,
+                                                         monkeypatch):
     attempts = []
 
-    def bad_input(*args, **kwargs):  # fault injected on purpose: what a bad parameter raises
+    def bad_input(*args, **kwargs):  # the stage replaced by one raising what a bad parameter raises
         attempts.append(1)
         raise ValueError("injected: scorer noise 3e-3 is not far below epsilon 1e-3")
 

@@ -4,12 +4,12 @@ scored on the template's own tool-call tokens, `race cover --format` reads the r
 trajectories as `race import` then `race cover`, and hf and vllm-cpu make the same decisions."""
 
 import contextlib
-import importlib.util
 import io
 import json
 
 import pandas as pd
 import pytest
+from components import require_vllm
 
 from flows.cli import main
 
@@ -152,9 +152,9 @@ def test_cover_with_format_reads_raw_logs_to_the_same_decisions(logs, hf_run, sm
 
 
 @pytest.mark.vllm
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
 def test_hf_and_vllm_cpu_make_the_same_decisions_on_imported_logs(logs, hf_run, smollm2_tools_checkpoint, tmp_path,
                                                                    capsys, monkeypatch):
+    require_vllm()
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     _, imported = logs
     _, hf = hf_run
@@ -165,4 +165,6 @@ def test_hf_and_vllm_cpu_make_the_same_decisions_on_imported_logs(logs, hf_run, 
     assert list(a["trajectory_id"]) == list(b["trajectory_id"]) and list(a["turn"]) == list(b["turn"])
     assert list(a["accepted"]) == list(b["accepted"]) and list(a["render_mode"]) == list(b["render_mode"])
     scored = ~a["skipped_empty"]
-    assert (a["max_drop"][scored] - b["max_drop"][scored]).abs().max() < 1e-3
+    drop_difference = (a["max_drop"][scored] - b["max_drop"][scored]).abs().max()
+    print(f"measured max |hf - vllm| of max_drop: {drop_difference:.2e}")
+    assert drop_difference < 1e-4  # measured 9.1e-6 (SmolLM2, float32, CPU; `pytest -s` prints it), ~10x

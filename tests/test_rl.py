@@ -26,6 +26,12 @@ from race_core.train.rl import update_from_rollouts
 CONFIG = RLConfig(tasks_per_iteration=SMOKE.expert_tasks, group_size=4, temperature=1.0, max_new_tokens=64,
                   max_turns=4, lr=1e-3, seed=SMOKE.expert_seed, difficulty=SMOKE.difficulty)
 EPSILON = 10.0
+# Tolerances from printed measurements (float32, CPU; `pytest -s tests/test_rl.py` prints them):
+# logp_old (the sampler's, one sequence at a time) against logp_new (the update's forward over the
+# padded batch): measured 6.4e-6 and, in another session, 1.5e-5 at most; about 7x the larger.
+RECOMPUTE_ATOL = 1e-4
+# the loss against the float64 hand computation from the same tensors: measured 2.3e-8 relative
+LOSS_RTOL = 5e-7
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +78,8 @@ def test_rl_loss_equals_a_hand_computation_from_the_logged_tensors(iteration):
     actor = -surrogate_sum / policy_count
     closure = -sum(float(x) for x in report.closure_logprobs) / b.total_turns
     expected = actor + CONFIG.closure_weight * closure
-    assert report.loss == pytest.approx(expected, rel=1e-4, abs=1e-6)
+    print(f"measured |loss - hand computation|: {abs(report.loss - expected):.2e} (loss {report.loss:.6f})")
+    assert report.loss == pytest.approx(expected, rel=LOSS_RTOL, abs=0)
     assert policy_count == report.policy_tokens and len(report.closure_logprobs) == report.closure_terms
 
 
@@ -125,11 +132,13 @@ def test_closure_contexts_end_at_the_open_marker_of_the_compressed_trajectory(it
 
 def test_sampler_logprobs_match_the_recomputed_policy_logprobs(iteration):
     """The incremental sequence is exactly what the sampler saw: before the update, logp_new equals
-    logp_old on every policy token (up to float noise of padding/batching)."""
+    logp_old on every policy token, up to the float noise of recomputing them padded in one batch."""
     report = iteration[0]
     b = report.batch
     diff = (report.logp_new - b.logp_old)[b.policy_mask].abs()
-    assert diff.max() < 1e-3
+    print(f"measured RL recompute noise (float32, CPU): max |logp_new - logp_old| {diff.max():.2e} over "
+          f"{int(b.policy_mask.sum())} policy tokens")
+    assert diff.max() < RECOMPUTE_ATOL
 
 
 def test_one_iteration_changes_the_weights(iteration):

@@ -57,8 +57,12 @@ def test_sft_is_deterministic_and_accumulation_equals_a_larger_batch(base, data)
     losses_b, weights_b = run(batch_size=4)
     assert losses_a == losses_b and torch.equal(weights_a, weights_b)
     losses_c, weights_c = run(batch_size=2, grad_accumulation=2)  # same examples per step
-    assert losses_c == pytest.approx(losses_a, rel=1e-5)
-    assert torch.allclose(weights_c, weights_a, atol=1e-6)
+    # two half batches sum in another order than one whole: measured 1.1e-7 relative on the losses
+    # and 2.0e-8 on the weights after 2 Adam steps (float32, CPU; `pytest -s` prints them), ~10x
+    loss_difference = max(abs(c - a) / abs(a) for c, a in zip(losses_c, losses_a, strict=True))
+    weight_difference = (weights_c - weights_a).abs().max().item()
+    print(f"measured accumulation vs one batch: losses {loss_difference:.1e} relative, weights {weight_difference:.1e}")
+    assert loss_difference <= 1e-6 and weight_difference <= 2e-7
 
 
 def test_lora_sft_merges_and_the_folder_loads_offline(base, data, tmp_path):

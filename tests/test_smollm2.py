@@ -40,7 +40,9 @@ def test_tokenizer_is_chatml(smollm2):
     assert text.startswith(CHATML_START) and text.endswith(f"{CHATML_START}assistant\n")
 
 
-def test_greedy_generation_gives_text(smollm2):
+def test_greedy_generation_is_the_argmax_of_plain_forwards_and_answers(smollm2):
+    """`generate` (KV cache) against a loop of plain forwards over the growing text, each taking the
+    argmax: the same tokens, and they decode to an answer that is not empty."""
     import torch
 
     model, tokenizer = smollm2
@@ -48,7 +50,12 @@ def test_greedy_generation_gives_text(smollm2):
     ids = tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=tokenizer.pad_token_id)
-    answer = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        plain = ids
+        for _ in range(8):
+            plain = torch.cat([plain, model(plain).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    generated = out[0, ids.shape[1]:].tolist()
+    assert generated == plain[0, ids.shape[1]:].tolist()[: len(generated)]
+    answer = tokenizer.decode(generated, skip_special_tokens=True)
     assert answer.strip(), answer
 
 

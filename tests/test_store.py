@@ -10,6 +10,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from components import require_s3
 
 import storage.store as store_module
 from storage.checkpoints import UnsafeCheckpointError, put_checkpoint, restore_checkpoint
@@ -23,40 +24,11 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def s3_server():
     """A real S3-compatible server (moto's server mode) on 127.0.0.1, one per module."""
-    pytest.importorskip("s3fs")
-    boto3 = pytest.importorskip("boto3")
-    from moto.server import ThreadedMotoServer
+    require_s3()
+    from s3_proxy import moto_server, storage_options
 
-    with pytest.MonkeyPatch.context() as mp:
-        for name, value in {
-            "AWS_ACCESS_KEY_ID": "x",
-            "AWS_SECRET_ACCESS_KEY": "x",
-            "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_SESSION_TOKEN": "x",
-        }.items():
-            mp.setenv(name, value)
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        server.start()
-        try:
-            host, port = server.get_host_and_port()
-            endpoint = f"http://{host}:{port}"
-            boto3.client(
-                "s3",
-                endpoint_url=endpoint,
-                aws_access_key_id="x",
-                aws_secret_access_key="x",
-                region_name="us-east-1",
-            ).create_bucket(Bucket="race-test")
-            yield {
-                "bucket": "race-test",
-                "storage_options": {
-                    "key": "x",
-                    "secret": "x",
-                    "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
-                },
-            }
-        finally:
-            server.stop()
+    with moto_server("race-test") as endpoint:
+        yield {"bucket": "race-test", "storage_options": storage_options(endpoint)}
 
 
 @pytest.fixture(params=["local", "memory", "s3"])

@@ -75,6 +75,83 @@ def test_a_flipped_byte_in_the_decisions_is_recomputed_by_the_next_race_cover(co
     assert all(stage["cached"] for stage in again["stages"].values())
 
 
+def test_a_truncated_parquet_object_is_recomputed_by_the_next_race_cover(covered, tmp_path, capsys):
+    root, store, cover = _copy(covered, tmp_path)
+    decisions = cover["objects"]["decisions"]
+    path = Path(store.object_path(decisions))
+    whole = path.read_bytes()
+    path.write_bytes(whole[: len(whole) // 2])  # a copy cut off: no Parquet footer
+    summary, err = _rerun(covered, root, capsys)
+    assert f"cover: recomputing (object {decisions} holds {len(whole) // 2} bytes, not the {len(whole)} recorded)" in err
+    assert summary["stages"]["cover"]["cached"] is False and summary["stages"]["ingest"]["cached"] is True
+    assert path.read_bytes() == whole
+    pd.testing.assert_frame_equal(_decisions(root), _decisions(covered[0]))
+
+
+def _other_decisions_parquet(size: int) -> bytes:
+    """A valid `decisions` Parquet file of exactly `size` bytes that is not the stored one: one row,
+    uncompressed, its render_mode padded (each character adds one byte but at a few varint steps)."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from storage.parquet import DECISIONS_SCHEMA
+
+    row = {"trajectory_id": "t" * 64, "turn": 1, "accepted": True, "reason": None, "skipped_empty": False,
+           "drops": [0.0], "max_drop": 0.0, "reasoning_tokens": 1, "action_tokens": 1, "epsilon": 0.002,
+           "model_digest": "m" * 64, "backend": "hf", "render_mode": ""}
+    for rows in range(1, 20):
+        for pad in range(size):
+            table = pa.Table.from_pylist([{**row, "render_mode": "x" * pad}] * rows, schema=DECISIONS_SCHEMA)
+            sink = io.BytesIO()
+            pq.write_table(table, sink, compression="none", write_statistics=False)
+            if len(sink.getvalue()) == size:
+                return sink.getvalue()
+            if len(sink.getvalue()) > size:
+                break
+    raise AssertionError(f"no decisions file of {size} bytes")
+
+
+def test_an_object_replaced_by_another_valid_parquet_file_of_the_same_size_is_caught_by_its_digest(
+        covered, tmp_path, capsys):
+    root, store, cover = _copy(covered, tmp_path)
+    decisions = cover["objects"]["decisions"]
+    path = Path(store.object_path(decisions))
+    other = _other_decisions_parquet(path.stat().st_size)
+    path.write_bytes(other)  # the size check passes: only the digest can tell
+    assert store.manifest_damage(cover) is None
+    summary, err = _rerun(covered, root, capsys)
+    assert f"object {decisions} is corrupt" in err
+    assert (root / "home" / "store" / "quarantine" / decisions).read_bytes() == other
+    assert summary["stages"]["cover"]["cached"] is False
+    pd.testing.assert_frame_equal(_decisions(root), _decisions(covered[0]))
+
+
+def test_a_manifest_naming_another_valid_parquet_object_stops_in_one_line_and_force_repairs_it(
+        covered, tmp_path, capsys):
+    root, store, cover = _copy(covered, tmp_path)
+    (ingest_key,) = store.list_manifests("ingest")
+    ingest = store.read_manifest("ingest", ingest_key)
+    wrong = ingest["objects"]["rejects"]  # a valid Parquet object of the store, but the ingest's rejects
+    damaged = {**cover, "objects": {**cover["objects"], "decisions": wrong}}
+    damaged["object_sizes"] = {**cover["object_sizes"], wrong: Path(store.object_path(wrong)).stat().st_size}
+    Path(store.manifest_path("cover", cover["key"])).write_text(json.dumps(damaged))
+
+    capsys.readouterr()
+    assert main(_cover_args(root, covered[1])) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("race cover: error: ") and f"object {wrong} holds a 'rejects' dataset, not 'decisions'" in line
+    assert "--force" in line
+
+    summary, _ = _rerun(covered, root, capsys, "--force", "cover")
+    assert summary["stages"]["cover"]["cached"] is False
+    assert summary["objects"]["decisions"] == cover["objects"]["decisions"]
+    pd.testing.assert_frame_equal(_decisions(root), _decisions(covered[0]))
+
+
 def test_a_deleted_object_makes_its_stage_run_again(covered, tmp_path, capsys):
     root, store, cover = _copy(covered, tmp_path)
     os.unlink(store.object_path(cover["objects"]["decisions"]))
@@ -244,12 +321,3 @@ def test_a_reader_counts_an_id_in_two_parts_once(tmp_path):
     assert catalog.new_ids(SCOPE, ["t3", "t4", "t1"]) == ["t4"]
     third = store.put_bytes(b"part C")
     assert catalog.append_part(SCOPE, third, ["t4"])["seq"] == 3  # numbers after both old names
-
-
-def test_nightly_runs_are_serialized():
-    from deployments import build_deployments
-
-    manual, nightly = build_deployments()
-    assert nightly.concurrency_limit == 1
-    assert nightly.concurrency_options.collision_strategy.value == "ENQUEUE"
-    assert manual.concurrency_limit is None

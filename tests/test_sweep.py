@@ -20,6 +20,9 @@ from tasks.stages import cover_scorer
 from tasks.sweep import epsilon_folder
 
 EPSILONS = (0.0002, 0.001, 0.01)
+# |a swept drop - the same drop in a separate run|: the sweep scores a candidate once for every ε, in
+# other batches than a run alone; measured 8.7e-8 at most (`pytest -s -k decides` prints it), ~10x.
+DROP_ATOL = 1e-6
 DECIDED = ["trajectory_id", "turn", "accepted", "reason", "skipped_empty"]
 
 
@@ -77,8 +80,10 @@ def test_each_epsilon_decides_what_a_separate_run_at_that_epsilon_decides(sweep,
         folder = root / "out" / epsilon_folder(epsilon)
         swept, single = (pd.read_parquet(f / "decisions.parquet") for f in (folder, alone))
         assert swept[DECIDED].equals(single[DECIDED]), epsilon
-        for a, b in zip(swept["drops"], single["drops"], strict=True):
-            assert list(a) == pytest.approx(list(b), abs=1e-5)
+        difference = max(abs(x - y) for a, b in zip(swept["drops"], single["drops"], strict=True)
+                         for x, y in zip(a, b, strict=True))
+        print(f"measured max |swept - separate| drop at epsilon {epsilon}: {difference:.2e}")
+        assert difference <= DROP_ATOL
         assert (swept["epsilon"] == epsilon).all()
         swept_c, single_c = (pd.read_parquet(f / "compressed.parquet") for f in (folder, alone))
         assert swept_c["id"].tolist() == single_c["id"].tolist()
@@ -112,7 +117,9 @@ def test_the_sweep_writes_its_table_json_and_plot(sweep):
         assert sorted(row["max_drops"]) == sorted(scored["max_drop"].tolist())
         assert row["drop_p50"] == pytest.approx(scored["max_drop"].median())
         assert row["drop_max"] == pytest.approx(scored["max_drop"].max())
-        assert row["reasoning_tokens_kept"] <= row["reasoning_tokens_before"]
+        compressed = pd.read_parquet(out / epsilon_folder(row["epsilon"]) / "compressed.parquet")
+        assert row["reasoning_tokens_before"] == int(compressed["reasoning_tokens_before"].sum())
+        assert row["reasoning_tokens_kept"] == int(compressed["reasoning_tokens_after"].sum())
         assert f"| {row['epsilon']:g} | {row['candidates']} | {row['removed']} |" in table
     assert (out / "epsilon_sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "![epsilon sweep](epsilon_sweep.png)" in table
