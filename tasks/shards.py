@@ -34,6 +34,7 @@ from typing import Any
 
 from race_core.config import CoverConfig, Resources
 from race_core.schema import Trajectory
+from race_core.scoring import sum_work
 from storage import ArtifactStore, stage_key
 from storage.parquet import DatasetWriter, iter_rows_from_store, read_dataset_from_store
 from storage.store import code_version
@@ -169,11 +170,13 @@ class ShardScorer:
                                     render_mode=renderer.render_mode if renderer else "plain")
         return self.scorer
 
-    def score(self, trajectories: list[Trajectory], refused: Any) -> tuple[list[dict[str, Any]], int]:
-        """Decision rows of the trajectories that fit (too long ones go to `refused`), and the
-        tokens this took."""
+    def score(self, trajectories: list[Trajectory], refused: Any) -> tuple[list[dict[str, Any]], int, dict[str, Any]]:
+        """Decision rows of the trajectories that fit (too long ones go to `refused`), the tokens
+        this took, and the cover's work counters (the noise measurement left out) with the work
+        bound's tokens (`bound_tokens`)."""
         from race_core.cover import check_noise, logic_cover
         from race_core.decisions import decision_rows
+        from race_core.progress import bound_tokens_by_round
         from race_core.scoring import ScoreRequest
 
         scorer = self._ready()
@@ -181,18 +184,21 @@ class ShardScorer:
         kept = _within(trajectories, scorer.renderer, self.limit, self.config.max_tokens, refused, self.progress.log)
         self.progress.skip(len(trajectories) - len(kept))
         if not kept:
-            return [], 0
+            return [], 0, {}
         if self.noise is None:
             self.noise = scorer.measure_noise([ScoreRequest(("noise", i), t) for i, t in enumerate(kept[:4])])
             self.progress.log(f"cover: scorer noise {self.noise:.2e} (epsilon {self.config.epsilon:g})")
             check_noise(self.noise, self.config.epsilon)
+        before = scorer.stats.work()
         results = logic_cover(kept, scorer, self.config.epsilon, early_reject=self.config.early_reject,
                               local_only=self.config.local_only,
                               progress=self.progress.shard(kept, scorer.renderer))
         rows = list(decision_rows(results, scorer.renderer, self.ctx))
+        work = {**(scorer.stats.work() - before).counts(), "bound_tokens": sum(
+            sum(bound_tokens_by_round(t, scorer.renderer)) for t in kept) if scorer.renderer else None}
         if scorer.renderer is not None:
             scorer.renderer.forget()  # texts recur within a shard, not across: memory flat in dataset size
-        return rows, scorer.stats.tokens_processed - tokens_before
+        return rows, scorer.stats.tokens_processed - tokens_before, work
 
     def close(self) -> None:
         if self.scorer is not None:
@@ -274,7 +280,7 @@ def _score_and_commit(store: ArtifactStore, key: str, shard: Shard, trajectories
     fresh = [t for t in trajectories if t.id not in reuse.where]
     work.progress.skip(len(trajectories) - len(fresh))
     refused_now = _Rows()
-    scored, tokens = work.score(fresh, refused_now) if fresh else ([], 0)
+    scored, tokens, counted = work.score(fresh, refused_now) if fresh else ([], 0, {})
     decided_now: dict[str, list[Any]] = {}
     for row in scored:
         decided_now.setdefault(row["trajectory_id"], []).append(row)
@@ -307,7 +313,8 @@ def _score_and_commit(store: ArtifactStore, key: str, shard: Shard, trajectories
                "scorer_noise": work.noise if fresh else None, "tokens_processed": tokens,
                "kv_bytes_peak": stats.kv_bytes_peak if stats else 0, "kv_evictions": stats.evictions if stats else 0,
                "context_tokens": work.limit if work.scorer is not None else earlier.get("context_tokens"),
-               "render_mode": work.ctx.render_mode if work.ctx is not None else earlier.get("render_mode")}
+               "render_mode": work.ctx.render_mode if work.ctx is not None else earlier.get("render_mode"),
+               "work": counted}
     record = {"stage": SHARD_STAGE, "key": key, "trajectory_ids": list(shard.ids), "objects": objects,
               "object_sizes": sizes, "metrics": metrics, **unit_provenance(device)}
     return commit_record(store, manifest_record(key), record, force), metrics["reused"]
@@ -346,4 +353,4 @@ def merge_shards(store: ArtifactStore, scope: str, plan: list[Shard], log: Log) 
                         "kv_bytes_peak": max((m.get("kv_bytes_peak") or 0 for m in metrics), default=0),
                         "kv_evictions": total("kv_evictions"), "context_tokens": first("context_tokens"),
                         "render_mode": first("render_mode"), "shards": len(plan),
-                        "trajectories_reused": total("reused")}}
+                        "trajectories_reused": total("reused"), "work": sum_work(m.get("work") for m in metrics)}}
