@@ -48,6 +48,9 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     t = bench_sub.add_parser("table", help="the README's performance table from benchmark records")
     t.add_argument("records", nargs="+", metavar="RECORD.json")
     t.add_argument("--out", help="write the table here too")
+    t.add_argument("--readme", metavar="FILE",
+                   help=f"replace the text between the lines {records.TABLE_START!r} and {records.TABLE_END!r} "
+                        f"in FILE with the table")
     t.set_defaults(func=cmd_bench_table)
     return p
 
@@ -148,6 +151,8 @@ def cmd_bench_table(args: argparse.Namespace) -> int:
     print(text, end="")
     if args.out:
         Path(args.out).write_text(text)
+    if args.readme:
+        records.replace_table(args.readme, text)
     return 0
 
 

@@ -23,6 +23,7 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS = REPO_ROOT / "bench" / "results"
 # The counters a table or a comparison shows, in this order (all are kept in the record).
+TABLE_START, TABLE_END = "<!-- race bench table -->", "<!-- end race bench table -->"  # where --readme writes
 SHOWN_WORK = ("forward_calls", "rows", "tokens_processed", "padded_positions", "attention_pairs", "kv_bytes_copied",
               "evictions")
 
@@ -206,3 +207,13 @@ def main_compare(a: str, b: str) -> str:
 
 def main_table(paths: list[str]) -> str:
     return table([(Path(p).name, read(p)) for p in paths])
+
+
+def replace_table(path: Path | str, text: str) -> None:
+    """Put `text` between the lines TABLE_START and TABLE_END of the file at `path` (both must be there)."""
+    path = Path(path)
+    lines = path.read_text().splitlines(keepends=True)
+    marks = [i for i, line in enumerate(lines) if line.strip() in (TABLE_START, TABLE_END)]
+    if len(marks) != 2 or lines[marks[0]].strip() != TABLE_START:
+        raise ValueError(f"{str(path)!r} needs one line {TABLE_START!r} and, after it, one line {TABLE_END!r}")
+    path.write_text("".join(lines[:marks[0] + 1]) + text.rstrip("\n") + "\n" + "".join(lines[marks[1]:]))

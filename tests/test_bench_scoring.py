@@ -284,9 +284,16 @@ def test_a_record_keeps_commit_machine_and_figures_and_compares_and_tables(real_
     assert f"| hf | forward_calls | {forwards:,} | {forwards:,} | 1.00 |" in compared
     assert compared.startswith(f"{path.name}: {kept['machine']['processor']} (")
 
-    args = parser.parse_args(["bench", "table", str(path), "--out", str(path.parent / "table.md")])
+    readme = path.parent / "README.md"
+    readme.write_text(f"# Title\n{records.TABLE_START}\nold table\n{records.TABLE_END}\nafter\n")
+    args = parser.parse_args(["bench", "table", str(path), "--out", str(path.parent / "table.md"),
+                              "--readme", str(readme)])
     assert args.func(args) == 0
     table = (path.parent / "table.md").read_text()
+    assert readme.read_text() == f"# Title\n{records.TABLE_START}\n{table}{records.TABLE_END}\nafter\n"
+    readme.write_text("no markers\n")
+    with pytest.raises(ValueError, match="needs one line"):
+        records.replace_table(readme, table)
     assert f"| [1] | {run['model']} | 6 | {run['T']} | hf | " in table
     assert f"| [1] | {run['model']} | 6 | {run['T']} | work bound | " in table
     assert f"[1] `{path.name}`: {kept['machine']['processor']}" in table and kept["commit"][:8] in table
