@@ -3,6 +3,7 @@ never decisions; the budget is a resource, not part of the cover's key; out of m
 batch and the budget."""
 
 import pytest
+import torch
 
 from flows.cli import build_parser
 from flows.options import config_from_args
@@ -26,7 +27,8 @@ def tensor_bytes(scorer: HFScorer) -> int:
     copies share it), not from the scorer's own tally."""
     store = scorer._prefixes  # the private store: this test checks its bookkeeping against the tensors
     segments = {id(s): s for key in list(store._by_key) for copy in store.get(key) for s, _ in copy.parts}
-    return sum(t.nbytes for s in segments.values() for kv in s.kv for t in kv)
+    return sum(s.data.nbytes if isinstance(s.data, torch.Tensor) else sum(t.nbytes for kv in s.data for t in kv)
+               for s in segments.values())
 
 
 def test_kv_bytes_per_token_from_the_config_is_what_the_kept_copies_take(tiny_policy, expert_trajectories):

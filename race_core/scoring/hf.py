@@ -64,7 +64,7 @@ from race_core.memory import automatic_kv_budget
 from race_core.policy import pad_token_id
 from race_core.render import Rendered, Renderer
 from race_core.scoring import ScoreRequest, ScorerStats, batch_noise
-from race_core.scoring.kv import BatchLayer, KeptCopies, KVCopy, Segment, compacted
+from race_core.scoring.kv import BatchCache, KeptCopies, KVCopy, Packing, Segment, compacted
 from race_core.scoring.plan import ForwardCost, attention_weight, measure_overhead, plan_batches
 
 MAX_SEQUENCES_PER_KEY = 3
@@ -142,15 +142,11 @@ def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return int(mismatch[0]) if mismatch.size else n
 
 
-def _batch_cache(layers: int, rows: list[_Row], past: int, width: int):
-    """The cache a batch reads: per layer, the rows' reused prefixes left-padded to `past` positions,
-    then room for `width - past` fed ones (`kv.BatchLayer`); every layer keeps all positions."""
-    from transformers import DynamicCache
-
-    cache = DynamicCache()
+def _batch_cache(layers: int, rows: list[_Row], past: int, width: int, packing: Packing | None, device):
+    """The cache a batch reads (`kv.BatchCache`): per layer, the rows' reused prefixes left-padded to
+    `past` positions, then room for `width - past` fed ones; every layer keeps all positions."""
     prefixes = [row.prefix.prefix_parts(row.reused) if row.reused else () for row in rows]
-    cache.layers = [BatchLayer(layer, prefixes, past, width) for layer in range(layers)]
-    return cache
+    return BatchCache(layers, prefixes, past, width, packing, device)
 
 
 def _cache_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -193,6 +189,7 @@ class HFScorer:
         # scored candidate, each with its keys/values; see `_reusable`.
         self._prefixes = KeptCopies(self.kv_budget)
         self._one_batch = False  # measure_noise: every row in one forward
+        self._packing: Packing | None = None  # learnt from the first forward's cache (kv.Packing)
         # What a forward costs (plan.py): the price of a call of the model measured once per model
         # object on its device unless given.
         overhead = measure_overhead(model) if forward_overhead is None else float(forward_overhead)
@@ -368,7 +365,7 @@ class HFScorer:
             stats.tokens_reused += sum(row.reused for row in rows)
             stats.attention_pairs += self.cost.pairs(len(rows), past_len, new_len)
             if self.prefix_reuse:
-                stats.kv_bytes_copied += sum(getattr(layer, "copied", 0) for layer in cache.layers)
+                stats.kv_bytes_copied += getattr(cache, "copied", 0)
                 with record_function("hf.keep"):
                     self._keep_prefixes(rows, past_len, past_len + new_len, cache)
         return np.split(token_logprobs, np.cumsum([len(row.targets) for row in rows])[:-1])
@@ -384,7 +381,8 @@ class HFScorer:
             attention[b, past_len - row.reused: past_len + row.fed] = 1
             positions[b] = torch.arange(row.reused, row.reused + new_len)
         layers = self.model.config.get_text_config().num_hidden_layers
-        cache = _batch_cache(layers, rows, past_len, past_len + new_len) if self.prefix_reuse else None
+        cache = (_batch_cache(layers, rows, past_len, past_len + new_len, self._packing, self.device)
+                 if self.prefix_reuse else None)
         decoder = self.model.get_decoder()
         # Nothing cached (always so without prefix reuse): only right padding, which no real token
         # attends to under the causal mask, so one call without a padding mask takes SDPA's causal
@@ -414,6 +412,8 @@ class HFScorer:
         if kept_lengths != {width}:
             raise RuntimeError(f"the model's cache kept {sorted(kept_lengths)} positions per layer, not all "
                                f"{width} fed: a truncating (sliding-window) cache cannot be reused")
+        self._packing = self._packing or Packing.of(layers)
+        buffer = getattr(cache, "buffer", None)  # packed: [layers, 2, rows, heads, width, dim]
         # bytes per position of one row's copy (keys and values differ in size under latent attention)
         position_bytes = sum(t.shape[1] * t.shape[3] * t.element_size() for layer in layers for t in layer)
         for b, row in enumerate(rows):
@@ -425,8 +425,9 @@ class HFScorer:
             fits, dropped = self._prefixes.make_room(copy)
             self.stats.evictions += dropped + int(not fits)
             if fits:
-                own.kv = [(k[b, :, past_len:past_len + row.fed].clone(), v[b, :, past_len:past_len + row.fed].clone())
-                          for k, v in layers]
+                fed = slice(past_len, past_len + row.fed)
+                own.data = (buffer[:, :, b, :, fed].clone() if buffer is not None
+                            else [(k[b, :, fed].clone(), v[b, :, fed].clone()) for k, v in layers])
                 made = [s for s, _ in reused if s not in {s for s, _ in row.prefix.parts}]  # compacted
                 self.stats.kv_bytes_copied += own.nbytes + sum(s.nbytes for s in made)
                 self._prefixes.put(row.key, [*self._prefixes.get(row.key), copy])

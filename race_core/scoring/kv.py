@@ -12,11 +12,15 @@ the trajectory's as held, used in full by the copy kept for it.
 `KeptCopies` keeps the copies within a byte budget: a segment is counted once, while any kept copy
 uses it; to make room the least recently used copy is dropped first, whichever key it has.
 
-`BatchLayer` is one layer of the cache a batched forward reads: every row's reused prefix is copied
-once, left-padded, into a buffer as wide as the batch's prefix and new tokens together, and each
-chunk's new keys/values are written into it in place (a `DynamicCache` would concatenate the whole
-cache again at every chunk). Left-padding positions are zeros: masked, but finite, since a masked
-key's value still meets a zero weight in the product.
+`BatchCache` is the cache a batched forward reads: every row's reused prefix is copied once,
+left-padded, into a buffer as wide as the batch's prefix and new tokens together, and each chunk's
+new keys/values are written into it in place (`BatchLayer`; a `DynamicCache` would concatenate the
+whole cache again at every chunk). Left-padding positions are zeros: masked, but finite, since a
+masked key's value still meets a zero weight in the product. When every layer's keys and values
+have one shape (`Packing`, learnt from the model's first forward), the buffer is one tensor for all
+layers and a segment one tensor too, so filling a row or keeping its tokens is one copy, not two per
+layer: on a CPU shared with other work each copy is a parallel region whose threads wait for each
+other, and their number, more than their bytes, is what copying costs.
 """
 
 from __future__ import annotations
@@ -28,18 +32,46 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch.profiler import record_function
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicCache, DynamicLayer
 
 MAX_WASTE = 2.0  # a reused prefix's segments may hold at most this many times its positions
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), each [heads, positions, dim]
 
 
+@dataclass(frozen=True)
+class Packing:
+    """Every layer's keys and values are [rows, heads, positions, dim] of this dtype: one tensor
+    [layers, 2, rows, heads, positions, dim] can hold them all."""
+
+    layers: int
+    heads: int
+    dim: int
+    dtype: torch.dtype
+
+    @classmethod
+    def of(cls, layers: KV) -> Packing | None:
+        """The packing of a cache's (keys, values) per layer, or None when their shapes differ."""
+        shapes = {(t.shape[1], t.shape[3], t.dtype) for pair in layers for t in pair}
+        if len(shapes) != 1:
+            return None
+        (heads, dim, dtype), = shapes
+        return cls(len(layers), heads, dim, dtype)
+
+
 @dataclass(eq=False)  # compared and hashed by identity: counted once however many copies use it
 class Segment:
-    kv: KV
+    """The keys/values of `length` positions: one tensor [layers, 2, heads, positions, dim] when
+    packed, else per layer (keys, values)."""
+
+    data: torch.Tensor | KV
     length: int  # positions
     nbytes: int  # of all its tensors
+
+    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if isinstance(self.data, torch.Tensor):
+            return self.data[index, 0], self.data[index, 1]
+        return self.data[index]
 
 
 @dataclass(eq=False)
@@ -71,9 +103,15 @@ def compacted(parts: tuple[tuple[Segment, int], ...]) -> tuple[tuple[Segment, in
     used = sum(n for _, n in parts)
     if len(parts) < 2 or sum(s.length for s in {s for s, _ in parts}) <= MAX_WASTE * used:
         return parts
-    kv = [(torch.cat([s.kv[layer][0][:, :n] for s, n in parts], dim=1),
-           torch.cat([s.kv[layer][1][:, :n] for s, n in parts], dim=1)) for layer in range(len(parts[0][0].kv))]
-    return ((Segment(kv, used, sum(t.nbytes for pair in kv for t in pair)), used),)
+    if all(isinstance(s.data, torch.Tensor) for s, _ in parts):
+        data: torch.Tensor | KV = torch.cat([s.data[:, :, :, :n] for s, n in parts], dim=3)
+        nbytes = data.nbytes
+    else:
+        layers = len(parts[0][0].data)
+        data = [tuple(torch.cat([s.layer(layer)[kind][:, :n] for s, n in parts], dim=1) for kind in (0, 1))
+                for layer in range(layers)]
+        nbytes = sum(t.nbytes for pair in data for t in pair)
+    return ((Segment(data, used, nbytes), used),)
 
 
 class KeptCopies:
@@ -146,16 +184,21 @@ class KeptCopies:
 
 
 class BatchLayer(DynamicLayer):
-    """One layer of a batch's cache: `past` positions of left-padded reused prefixes (`prefixes[b]`:
-    row b's parts, the segments it copies this layer's keys/values from), then room for `width - past`
-    fed positions. The buffers are made at the first `update`, when the layer's shapes are known;
-    `copied` counts the bytes copied into them from the segments."""
+    """One layer of a `BatchCache`: `past` positions of left-padded reused prefixes, then room for
+    `width - past` fed positions. Packed, its buffers are views of the cache's one buffer, filled
+    already; else they are made at the first `update`, when the layer's shapes are known, and
+    filled from `prefixes` (row b's parts)."""
 
-    def __init__(self, layer: int, prefixes: Sequence[tuple[tuple[Segment, int], ...]], past: int, width: int):
+    def __init__(self, layer: int, prefixes: Sequence[tuple[tuple[Segment, int], ...]], past: int, width: int,
+                 keys: torch.Tensor | None = None, values: torch.Tensor | None = None):
         super().__init__()
         self.layer, self.prefixes, self.past, self.width = layer, prefixes, past, width
         self.length = past
-        self.copied = 0
+        self.copied = 0  # bytes copied into the buffers from the segments
+        if keys is not None:
+            self.keys, self.values = keys, values
+            self.dtype, self.device = keys.dtype, keys.device
+            self.is_initialized = True
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         with record_function("hf.kv_fill"):
@@ -168,7 +211,7 @@ class BatchLayer(DynamicLayer):
                 self.keys[b, :, :at].zero_()
                 self.values[b, :, :at].zero_()
                 for segment, n in parts:
-                    k, v = segment.kv[self.layer]
+                    k, v = segment.layer(self.layer)
                     self.keys[b, :, at:at + n].copy_(k[:, :n])
                     self.values[b, :, at:at + n].copy_(v[:, :n])
                     self.copied += k[:, :n].nbytes + v[:, :n].nbytes
@@ -190,3 +233,43 @@ class BatchLayer(DynamicLayer):
 
     def get_max_length(self) -> int:
         return self.width
+
+
+class BatchCache(DynamicCache):
+    """The cache a batch reads (see the module docstring): `layers` `BatchLayer`s over the rows'
+    reused `prefixes` (row b's parts), left-padded to `past` positions, with room up to `width`.
+    With a `packing`, one buffer [layers, 2, rows, heads, width, dim] (`buffer`), filled here."""
+
+    def __init__(self, layers: int, prefixes: Sequence[tuple[tuple[Segment, int], ...]], past: int, width: int,
+                 packing: Packing | None, device: torch.device):
+        super().__init__()
+        self.buffer: torch.Tensor | None = None
+        if packing is None or packing.layers != layers:
+            self.layers = [BatchLayer(layer, prefixes, past, width) for layer in range(layers)]
+            return
+        with record_function("hf.kv_fill"):
+            buffer = torch.empty((layers, 2, len(prefixes), packing.heads, width, packing.dim), dtype=packing.dtype,
+                                 device=device)
+            copied = 0
+            for b, parts in enumerate(prefixes):
+                at = past - sum(n for _, n in parts)
+                if at:
+                    buffer[:, :, b, :, :at].zero_()
+                for segment, n in parts:
+                    if isinstance(segment.data, torch.Tensor):
+                        buffer[:, :, b, :, at:at + n].copy_(segment.data[:, :, :, :n])
+                    else:
+                        for layer in range(layers):
+                            for kind, t in enumerate(segment.layer(layer)):
+                                buffer[layer, kind, b, :, at:at + n].copy_(t[:, :n])
+                    copied += n * segment.nbytes // segment.length
+                    at += n
+        self.buffer = buffer
+        self.layers = [BatchLayer(layer, prefixes, past, width, buffer[layer, 0], buffer[layer, 1])
+                       for layer in range(layers)]
+        self.layers[0].copied = copied
+
+    @property
+    def copied(self) -> int:
+        """Bytes copied into the buffers from the segments."""
+        return sum(layer.copied for layer in self.layers)
