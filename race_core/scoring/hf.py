@@ -24,7 +24,7 @@ In a batch, cached prefixes are left-padded to a common length and new tokens ri
 attention mask hides both paddings and position ids are given explicitly, so each row computes what
 it would alone (up to float summation order, which `measure_noise` reports). Padding shifts a row's
 queries and keys by the same offset, so a sliding window, which the model's mask applies to index
-distances, still spans the same tokens. The batch's cache (`kv.BatchLayer` per layer) keeps every
+distances, still spans the same tokens. The batch's cache (`kv.BatchCache`) keeps every
 position of every layer: a `DynamicCache` built from the config keeps only the last
 `sliding_window - 1` positions of sliding-window layers (Mistral, Qwen2, Gemma2/3, Cohere2), so a
 reused prefix would lose its start; `_keep_prefixes` checks that no layer did.

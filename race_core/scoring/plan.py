@@ -10,8 +10,7 @@ token-equivalents (the cost of one more position through the layers' matrix prod
 
 `attention` (one (query, key) pair of one layer against one position through one layer's weights)
 comes from the model's config. `overhead` is measured once per model object on its device
-(`measure_overhead`): one call on a few tokens against one on many, fitted as a fixed part and a
-part per token. On a CPU the fixed part is a few positions, so the planner avoids padding; on a GPU
+(`measure_overhead`): a call on one token (all fixed cost) against one on many. On a CPU the fixed part is a few positions, so the planner avoids padding; on a GPU
 it is thousands, so the planner fills batches and padding is nearly free.
 
 `plan_batches` orders the rows by fed length, then total length, and cuts that order into the
@@ -32,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+MAX_OVERHEAD = 2**16  # positions: a call costs about as much as a full batch (fill batches as allowed)
 _measured: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> overhead (token-equivalents)
 
 
@@ -84,10 +84,11 @@ def _layer_weights(config) -> int:
 
 
 @torch.inference_mode()
-def measure_overhead(model, repeats: int = 3) -> float:
-    """The fixed cost of one model call, in positions: a call on 1 x 16 tokens against one on
-    4 x 64, each the fastest of `repeats`, fitted as fixed + per token; rounded to a power of two
-    (at least 1) so that small differences between measurements leave the plans alone. Measured
+def measure_overhead(model, repeats: int = 7) -> float:
+    """The fixed cost of one model call, in positions: a call on one token (all fixed cost) over the
+    cost per position of a call on 4 x 64, each the fastest of `repeats` (the fastest is the one
+    other work on the machine disturbed least); rounded to a power of two between 1 and
+    MAX_OVERHEAD so that small differences between measurements leave the plans alone. Measured
     once per model object."""
     if model in _measured:
         return _measured[model]
@@ -109,10 +110,9 @@ def measure_overhead(model, repeats: int = 3) -> float:
             best = min(best, time.perf_counter() - start)
         return best
 
-    small, large = fastest(1, 16), fastest(4, 64)
-    per_token = max(large - small, 1e-9) / (256 - 16)
-    fixed = max(small - 16 * per_token, 0.0) / per_token
-    _measured[model] = float(2 ** round(math.log2(max(fixed, 1.0))))
+    fixed, large = fastest(1, 1), fastest(4, 64)
+    overhead = fixed / (large - fixed) * 255 if large > fixed else math.inf
+    _measured[model] = float(2 ** round(math.log2(min(max(overhead, 1.0), MAX_OVERHEAD))))
     return _measured[model]
 
 
