@@ -57,26 +57,22 @@ def machine() -> dict[str, Any]:
     return facts
 
 
-def _cpu_model() -> str:
+def _proc_value(path: str, key: str) -> str | None:
+    """The value after `key:` on its line of a /proc file (None where there is none)."""
     try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+        with open(path) as fh:
+            return next((line.split(":", 1)[1].strip() for line in fh if line.startswith(key)), None)
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        return None
+
+
+def _cpu_model() -> str:
+    return _proc_value("/proc/cpuinfo", "model name") or platform.processor() or platform.machine()
 
 
 def _memory_total() -> int | None:
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+    total = _proc_value("/proc/meminfo", "MemTotal")  # "24571236 kB"
+    return int(total.split()[0]) * 1024 if total else None
 
 
 def load() -> list[float] | None:
