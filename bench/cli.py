@@ -19,7 +19,7 @@ from typing import Any
 from bench import records
 from bench.memory import format_rows, memory_bench
 from bench.profile import format_profile
-from bench.records import RESULTS, load, record
+from bench.records import RESULTS, commit, load, record
 from bench.report import format_demo, format_real_table, format_table
 from bench.scoring import BenchOptions, run_bench
 from bench.workload import MODELS, Workload
@@ -123,8 +123,9 @@ def cmd_bench_scoring(args: argparse.Namespace) -> int:
         print(format_rows(rows))
         report: dict[str, Any] = {"memory": rows}
     else:
-        before = load()
+        before, code = load(), commit()  # the code that runs: taken before, edits during the run do not count
         report = run_bench(options_from_args(args), log)
+        report.update(code)
         report["load"] = {"before": before, "after": load()}
         for run in report["runs"]:
             print((format_real_table(run) if report.get("mode") == "checkpoint" else format_table(run)) + "\n")

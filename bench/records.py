@@ -84,11 +84,13 @@ def load() -> list[float] | None:
 
 
 def record(report: dict[str, Any], directory: Path | str = RESULTS, label: str = "") -> Path:
-    """Write `report` (with commit, machine and load if it lacks them) as a new JSON file in `directory`."""
+    """Write `report` as a new JSON file in `directory`, with the machine's facts and, unless the
+    report has them (taken when its run started), the commit and whether the tree differed from it."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(timezone.utc)
     report = {"recorded_at": stamp.isoformat(timespec="seconds"), **commit(), "machine": machine(), **report}
+    # (a report that says which commit ran, taken when it started, keeps it)
     name = f"{stamp:%Y%m%dT%H%M%SZ}-{(report.get('commit') or 'nocommit')[:8]}{'-' + label if label else ''}.json"
     path = directory / name
     with open(path, "x") as fh:  # a record is never overwritten
