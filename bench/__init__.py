@@ -5,5 +5,7 @@
   scoring.py    every method's cover on one workload, decisions compared, the report
   memory.py     peak RSS of the real cover stage (`tasks.stages.cover`) for growing N
   report.py     the report as Markdown tables
-  cli.py        `race bench scoring` (and `scripts/bench_scoring.py`)
+  profile.py    one hf cover under torch.profiler: each forward's time by part (`--profile`)
+  records.py    reports kept under bench/results/ with commit and machine; compare two; README tables
+  cli.py        `race bench scoring|compare|table` (and `scripts/bench_scoring.py`)
 """

@@ -51,7 +51,11 @@ class NaiveScorer:
                     targets = torch.from_numpy(x.input_ids[start:end])[:, None].to(device)
                     scores.append(float(logprobs.gather(1, targets).double().mean()))
                     self.stats.forward_calls += 1
+                    self.stats.decoder_calls += 1
+                    self.stats.rows += 1
                     self.stats.tokens_processed += end
+                    self.stats.padded_positions += end
+                    self.stats.attention_pairs += end * (end + 1) // 2
                 out.append(scores[r.from_turn:])
         self.stats.requests += len(requests)
         return out

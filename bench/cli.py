@@ -1,5 +1,8 @@
 """`race bench scoring`: cover scoring, naive vs full-forward vs ours (hf, vllm) vs the work bound,
-on synthetic workloads or (`--checkpoint DIR --input FILE.jsonl`) a real model on real trajectories.
+on synthetic workloads or (`--checkpoint DIR --input FILE.jsonl`) a real model on real trajectories;
+`--record` keeps the report under `bench/results/` (`bench.records`).
+`race bench compare A B`: two records side by side. `race bench table RECORD...`: the README's
+performance table from records.
 `race bench rendering`: the tokenizer's own ids vs segment-wise ids on a real checkpoint.
 
 `add_bench_parser(subparsers)` adds it to the `race` command; `main` is `scripts/bench_scoring.py`.
@@ -13,7 +16,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench import records
 from bench.memory import format_rows, memory_bench
+from bench.profile import format_profile
+from bench.records import RESULTS, commit, load, record
 from bench.report import format_demo, format_real_table, format_table
 from bench.scoring import BenchOptions, run_bench
 from bench.workload import MODELS, Workload
@@ -35,12 +41,27 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     r = bench_sub.add_parser("rendering", help="canonical vs segment-wise token ids on a real checkpoint")
     add_arguments(r)
     r.set_defaults(func=cmd_bench_rendering)
+    c = bench_sub.add_parser("compare", help="two benchmark records (bench/results/*.json) side by side")
+    c.add_argument("a", metavar="A.json")
+    c.add_argument("b", metavar="B.json")
+    c.set_defaults(func=cmd_bench_compare)
+    t = bench_sub.add_parser("table", help="the README's performance table from benchmark records")
+    t.add_argument("records", nargs="+", metavar="RECORD.json")
+    t.add_argument("--out", help="write the table here too")
+    t.add_argument("--readme", metavar="FILE",
+                   help=f"replace the text between the lines {records.TABLE_START!r} and {records.TABLE_END!r} "
+                        f"in FILE with the table")
+    t.set_defaults(func=cmd_bench_table)
     return p
 
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     w = Workload()
     p.add_argument("--json", help="write the report here")
+    p.add_argument("--record", nargs="?", const=str(RESULTS), metavar="DIR",
+                   help=f"keep the report, with commit, machine facts and load, as a new JSON file in DIR "
+                        f"(default {RESULTS.relative_to(RESULTS.parents[1])}/)")
+    p.add_argument("--label", default="", help="with --record: a word for the record's file name")
     p.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     p.add_argument("--n", type=int, default=w.n, help="trajectories")
     p.add_argument("--turns", type=int, nargs="+", default=[w.turns], help="turns per trajectory (T)")
@@ -59,6 +80,8 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=BenchOptions.repeats,
                    help="run hf, hf+early-reject and full-forward this many times, report the fastest")
     p.add_argument("--vllm", choices=["auto", "on", "off"], default="auto")
+    p.add_argument("--profile", action="store_true",
+                   help="then one more hf cover under torch.profiler: each forward's time by part (bench/profile.py)")
     p.add_argument("--no-early-reject", action="store_true", help="skip the early-rejection runs")
     p.add_argument("--demo-data", type=int, default=BenchOptions.demo_data, help="expert trajectories for early rejection (0 = skip)")
     p.add_argument("--epsilon", type=float, default=DEFAULT_EPSILON)
@@ -85,7 +108,7 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
                         full_forward_subset=args.full_forward_subset, vllm=args.vllm,
                         early_reject=not args.no_early_reject, epsilon=args.epsilon, cache_dir=args.cache_dir,
                         demo_data=args.demo_data, checkpoint=args.checkpoint, input=args.input, limit=args.limit,
-                        device=args.device, dtype=args.dtype, repeats=args.repeats)
+                        device=args.device, dtype=args.dtype, repeats=args.repeats, profile=args.profile)
 
 
 def cmd_bench_scoring(args: argparse.Namespace) -> int:
@@ -100,14 +123,37 @@ def cmd_bench_scoring(args: argparse.Namespace) -> int:
         print(format_rows(rows))
         report: dict[str, Any] = {"memory": rows}
     else:
+        before, code = load(), commit()  # the code that runs: taken before, edits during the run do not count
         report = run_bench(options_from_args(args), log)
+        report.update(code)
+        report["load"] = {"before": before, "after": load()}
         for run in report["runs"]:
             print((format_real_table(run) if report.get("mode") == "checkpoint" else format_table(run)) + "\n")
+            if "profile" in run:
+                print(format_profile(run["profile"], f"{run['model']} T={run['T']}") + "\n")
         if "demo_early_reject" in report:
             print(format_demo(report["demo_early_reject"]) + "\n")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+    if args.record and not args.memory:  # the memory bench's rows are not a scoring report
+        report["arguments"] = {k: v for k, v in vars(args).items() if k not in ("func", "command", "bench")}
+        log(f"recorded: {record(report, args.record, args.label)}")
+    return 0
+
+
+def cmd_bench_compare(args: argparse.Namespace) -> int:
+    print(records.main_compare(args.a, args.b), end="")
+    return 0
+
+
+def cmd_bench_table(args: argparse.Namespace) -> int:
+    text = records.main_table(args.records)
+    print(text, end="")
+    if args.out:
+        Path(args.out).write_text(text)
+    if args.readme:
+        records.replace_table(args.readme, text)
     return 0
 
 

@@ -28,13 +28,31 @@ def format_table(run: dict[str, Any]) -> str:
                      f"{m['speedup_vs_naive']:.1f}x | {m['time_vs_bound']:.2f}x | {cpu} |")
     lines.append(f"| work bound | {bound['wall_s']:.2f} | {bound['tokens']:,} | {bound['forward_tokens_per_s']:,.0f} "
                  f"(raw forward) | | 1.00x | {bound['cpu_s']:.2f} | | 1.00x |")
-    lines.append("")
+    lines += ["", format_work(run), ""]
     lines.append(f"decisions identical across methods: {run['decisions_identical']} "
                  f"({format_comparison(run['decisions_compared'])})")
     lines.append("CPU s = this process's CPU time over all threads: unlike wall time it is not inflated by "
                  "other jobs on a shared machine")
     lines.extend(run["notes"])
     lines.extend(f"{m['name']}: {m['note']}" for m in run["methods"] if m.get("note"))
+    return "\n".join(lines)
+
+
+def format_work(run: dict[str, Any]) -> str:
+    """Each method's work counters (on the trajectories it ran: a scaled method's are its subset's)."""
+    lines = ["| method (work counters) | forwards | model calls | rows | tokens fed | padded positions | padded / fed "
+             "| attention pairs | KV bytes copied | evictions |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for m in run["methods"]:
+        w = m.get("work") or {}
+        if not w:
+            continue
+        fed = w["tokens_processed"]
+        padded = f"{w['padded_positions'] / fed:.3f}" if fed and w["padded_positions"] else "n/a"
+        name = m["name"] + (f" (on {m['measured_on']})" if m["measured_on"] < run["N"] else "")
+        lines.append(f"| {name} | {w['forward_calls']:,} | {w['decoder_calls']:,} | {w['rows']:,} | {fed:,} | "
+                     f"{w['padded_positions']:,} | {padded} | {w['attention_pairs']:,} | {w['kv_bytes_copied']:,} | "
+                     f"{w['evictions']:,} |")
     return "\n".join(lines)
 
 
@@ -58,10 +76,10 @@ def format_real_table(run: dict[str, Any]) -> str:
                      f"{m['time_vs_bound']:.2f}x | {cpu} | {m['speedup_vs_naive']:.1f}x | {mix} |")
     lines.append(f"| work bound | {bound['wall_s']:.2f} | {bound['tokens']:,} | 1.00x | 1.00x | {bound['cpu_s']:.2f} "
                  f"| 1.00x | | |")
-    lines.append("")
+    lines += ["", format_work(run), ""]
     lines.append(f"work bound: {bound['tokens']:,} tokens at the raw forward's {bound['forward_tokens_per_s']:,.0f} "
                  f"tokens/s ({bound['forward_tokens_per_cpu_s']:,.0f} per CPU s; {bound['throughput_rows']} rows "
-                 f"in one batch)")
+                 f"in one batch), measured just before hf; each method's ratios use the measurement just before it")
     lines.append(f"decisions identical across methods: {run['decisions_identical']} "
                  f"({format_comparison(run['decisions_compared'])}); scorer noise {run['scorer_noise']:.2e}")
     if run["rejects"]:

@@ -13,9 +13,12 @@ the report records what was compared (`decisions_compared`):
 
 The work bound is the tokens that must be computed (every trajectory once in full, then for each
 candidate the suffix from the removed reasoning to the end of its last action) divided by the
-model's raw forward throughput, measured in the same run with one long batched forward. Early
-rejection scores fewer tokens than that bound; it is reported on the synthetic workload and on the
-demo's calculator data.
+model's raw forward throughput, measured with one long batched forward right before each method
+runs, so that a method and its bound see the same load on a shared machine. Early rejection scores
+fewer tokens than that bound; it is reported on the synthetic workload and on the demo's calculator
+data. Each method also records its work counters (`race_core.scoring.WorkCounters`: forwards, rows,
+fed and padded positions, attention pairs, KV bytes copied, evictions), which do not depend on the
+machine, counted on the trajectories it ran (a subset for a scaled method).
 
 With a checkpoint and an input file (`race bench scoring --checkpoint DIR --input FILE.jsonl`) the
 same methods run on that model and on the file's trajectories instead (issue 16): read with the
@@ -28,7 +31,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -60,6 +63,7 @@ class BenchOptions:
     device: str = "cpu"  # real-model mode: where the model runs (hf and vllm)
     dtype: str = "float32"
     repeats: int = 1  # hf, hf+early-reject and full-forward: the fastest of this many runs is reported
+    profile: bool = False  # after the timed methods, one more hf cover under torch.profiler (bench.profile)
 
 
 @dataclass
@@ -71,17 +75,22 @@ class MethodRun:
     measured_on: int
     results: list[CoverResult]
     note: str = ""
+    work: dict[str, int] = field(default_factory=dict)  # the scorer's work counters, unscaled
+    throughput: tuple[float, float] | None = None  # the raw forward's tokens per wall and CPU second just before
+    scorer_facts: dict[str, Any] = field(default_factory=dict)  # hf: the forward overhead its batch plan used
 
 
 def run_method(name: str, scorer: Scorer, trajectories: Sequence[Trajectory], n_total: int,
                epsilon: float, early_reject: bool = False) -> MethodRun:
-    before = scorer.stats.tokens_processed
+    before = scorer.stats.work()
     start, cpu = time.perf_counter(), time.process_time()
     results = logic_cover(trajectories, scorer, epsilon, early_reject=early_reject)
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     scale = n_total / len(trajectories)
-    return MethodRun(name, wall * scale, cpu * scale, round((scorer.stats.tokens_processed - before) * scale),
-                     len(trajectories), results)
+    work = (scorer.stats.work() - before).counts()
+    facts = {k: scorer.stats.extra[k] for k in ("forward_overhead", "overhead_measured") if k in scorer.stats.extra}
+    return MethodRun(name, wall * scale, cpu * scale, round(work["tokens_processed"] * scale),
+                     len(trajectories), results, work=work, scorer_facts=facts)
 
 
 def fastest_run(repeats: int, run: Callable[[], MethodRun]) -> MethodRun:
@@ -159,8 +168,15 @@ def bench_methods(tag: str, checkpoint: Path, model, tokenizer, renderer: Render
                   throughput_rows: int, vllm_device: str | None = None) -> dict[str, Any]:
     """Every method's cover of `trajectories`, decisions compared, next to the work bound."""
     n = len(trajectories)
-    throughput, cpu_throughput = forward_throughput(model, renderer, trajectories, throughput_rows)
-    log(f"[{tag}] raw forward throughput {throughput:,.0f} tokens/s ({cpu_throughput:,.0f} per CPU s)")
+
+    def after_throughput(run: Callable[[], MethodRun]) -> MethodRun:
+        """`run`, with the raw forward's throughput measured just before it (the same load)."""
+        throughput = forward_throughput(model, renderer, trajectories, throughput_rows)
+        method = run()
+        method.throughput = throughput
+        log(f"[{tag}] {method.name} {method.wall_s:.2f}s; raw forward just before: {throughput[0]:,.0f} "
+            f"tokens/s ({throughput[1]:,.0f} per CPU s)")
+        return method
 
     # Warm-up, not timed: the first calls through each code path (cache, masks) pay one-off costs.
     scorer = warm_hf_scorers(model, tokenizer, renderer, trajectories)
@@ -170,36 +186,39 @@ def bench_methods(tag: str, checkpoint: Path, model, tokenizer, renderer: Render
 
     runs: list[MethodRun] = []
     repeats = options.repeats
-    runs.append(fastest_run(repeats, lambda: run_method("hf", scorer(batch_size=options.batch_size), trajectories,
-                                                        n, options.epsilon)))
+    runs.append(after_throughput(lambda: fastest_run(repeats, lambda: run_method(
+        "hf", scorer(batch_size=options.batch_size), trajectories, n, options.epsilon))))
     reference = runs[0].results
-    log(f"[{tag}] hf {runs[-1].wall_s:.2f}s")
     if options.early_reject:
-        runs.append(fastest_run(repeats, lambda: run_method("hf+early-reject", scorer(batch_size=options.batch_size),
-                                                            trajectories, n, options.epsilon, early_reject=True)))
-        log(f"[{tag}] hf+early-reject {runs[-1].wall_s:.2f}s")
+        runs.append(after_throughput(lambda: fastest_run(repeats, lambda: run_method(
+            "hf+early-reject", scorer(batch_size=options.batch_size), trajectories, n, options.epsilon,
+            early_reject=True))))
     k = options.full_forward_subset or n
-    runs.append(fastest_run(repeats, lambda: run_method("full-forward", scorer(batch_size=1, prefix_reuse=False),
-                                                        trajectories[:k], n, options.epsilon)))
-    log(f"[{tag}] full-forward {runs[-1].wall_s:.2f}s")
+    runs.append(after_throughput(lambda: fastest_run(repeats, lambda: run_method(
+        "full-forward", scorer(batch_size=1, prefix_reuse=False), trajectories[:k], n, options.epsilon))))
     k = options.naive_subset or n
-    runs.append(run_method("naive", NaiveScorer(model, renderer), trajectories[:k], n, options.epsilon))
-    log(f"[{tag}] naive {runs[-1].wall_s:.2f}s (on {min(k, n)})")
+    runs.append(after_throughput(lambda: run_method("naive", NaiveScorer(model, renderer), trajectories[:k], n,
+                                                    options.epsilon)))
     notes = []
     use_vllm = options.vllm == "on" or (options.vllm == "auto" and vllm_available())
     if use_vllm:
-        runs.append(_vllm_run(checkpoint, trajectories, n, options, vllm_device))
-        log(f"[{tag}] vllm {runs[-1].wall_s:.2f}s")
+        runs.append(after_throughput(lambda: _vllm_run(checkpoint, trajectories, n, options, vllm_device)))
     else:
         notes.append("vllm skipped: " + ("--vllm off" if options.vllm == "off" else "vllm is not importable"))
     comparison = compare_decisions(runs[0], runs[1:])
     identical = check_identical(comparison)
+    profiled = {}
+    if options.profile:  # not timed: the profiler slows what it watches
+        from bench.profile import profile_cover
+
+        profiled["profile"] = profile_cover(scorer(batch_size=options.batch_size), trajectories, options.epsilon)
 
     bound = bound_tokens(renderer, reference)
-    bound_wall, bound_cpu = bound / throughput, bound / cpu_throughput
+    throughput, cpu_throughput = runs[0].throughput  # the bound's row: hf's measurement
     naive = next(r for r in runs if r.name == "naive")
     methods = []
     for run in runs:
+        bound_wall, bound_cpu = bound / run.throughput[0], bound / run.throughput[1]
         method = {"name": run.name, "wall_s": run.wall_s, "tokens_processed": run.tokens_processed,
                   "tokens_per_s": run.tokens_processed / run.wall_s if run.wall_s else None,
                   "speedup_vs_naive": naive.wall_s / run.wall_s if run.wall_s else None,
@@ -208,16 +227,18 @@ def bench_methods(tag: str, checkpoint: Path, model, tokenizer, renderer: Render
                   "cpu_s": run.cpu_s, "speedup_vs_naive_cpu": naive.cpu_s / run.cpu_s if run.cpu_s else None,
                   "cpu_vs_bound": run.cpu_s / bound_cpu if run.cpu_s and bound_cpu else None,
                   "measured_on": run.measured_on, "accepted_removals": accepted_removals(run.results),
-                  "candidates": candidate_count(run.results)}
+                  "candidates": candidate_count(run.results), "work": run.work,
+                  "bound_wall_s": bound_wall, "bound_cpu_s": bound_cpu, **run.scorer_facts}
         if run.note:
             method["note"] = run.note
         methods.append(method)
     return {"N": n, "batch_size": options.batch_size, "repeats": repeats, "methods": methods,
-            "bound": {"tokens": bound, "wall_s": bound_wall, "forward_tokens_per_s": throughput,
-                      "cpu_s": bound_cpu, "forward_tokens_per_cpu_s": cpu_throughput,
-                      "throughput_rows": min(throughput_rows, n)},
+            "bound": {"tokens": bound, "wall_s": bound / throughput, "forward_tokens_per_s": throughput,
+                      "cpu_s": bound / cpu_throughput, "forward_tokens_per_cpu_s": cpu_throughput,
+                      "throughput_rows": min(throughput_rows, n),
+                      "measured": "just before each method (its own bound_wall_s, bound_cpu_s); this row: hf's"},
             "accepted_removals": accepted_removals(reference), "candidates": candidate_count(reference),
-            "decisions_compared": comparison, "decisions_identical": identical, "notes": notes}
+            "decisions_compared": comparison, "decisions_identical": identical, "notes": notes, **profiled}
 
 
 def _vllm_run(checkpoint: Path, trajectories: Sequence[Trajectory], n: int, options: BenchOptions,

@@ -1,6 +1,6 @@
 """Benchmark (not a test): cover scoring, naive vs full-forward vs ours (hf, vllm) vs the work bound.
 
-    python scripts/bench_scoring.py [--models tiny 20m] [--turns 8 | --sweep] [--json FILE]
+    python scripts/bench_scoring.py [--models tiny 20m] [--turns 8 | --sweep] [--json FILE] [--record]
     python scripts/bench_scoring.py --memory --models tiny      # peak RSS, N=64 vs N=512
 
 The same as `race bench scoring`; see the `bench/` package (bench/scoring.py, bench/memory.py).

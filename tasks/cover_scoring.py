@@ -79,11 +79,13 @@ class ShardScorer:
                                     render_mode=renderer.render_mode if renderer else "plain")
         return self.scorer
 
-    def score(self, trajectories: list[Trajectory], refused: Any) -> tuple[list[dict[str, Any]], int]:
-        """Decision rows of the trajectories that fit (too long ones go to `refused`), and the
-        tokens this took."""
+    def score(self, trajectories: list[Trajectory], refused: Any) -> tuple[list[dict[str, Any]], int, dict[str, Any]]:
+        """Decision rows of the trajectories that fit (too long ones go to `refused`), the tokens
+        this took, and the cover's work counters (the noise measurement left out) with the work
+        bound's tokens (`bound_tokens`)."""
         from race_core.cover import check_noise, logic_cover
         from race_core.decisions import decision_rows
+        from race_core.progress import bound_tokens_by_round
         from race_core.scoring import ScoreRequest
 
         scorer = self._ready()
@@ -91,18 +93,21 @@ class ShardScorer:
         kept = _within(trajectories, scorer.renderer, self.limit, self.config.max_tokens, refused, self.progress.log)
         self.progress.skip(len(trajectories) - len(kept))
         if not kept:
-            return [], 0
+            return [], 0, {}
         if self.noise is None:
             self.noise = scorer.measure_noise([ScoreRequest(("noise", i), t) for i, t in enumerate(kept[:4])])
             self.progress.log(f"cover: scorer noise {self.noise:.2e} (epsilon {self.config.epsilon:g})")
             check_noise(self.noise, self.config.epsilon)
+        before = scorer.stats.work()
         results = logic_cover(kept, scorer, self.config.epsilon, early_reject=self.config.early_reject,
                               local_only=self.config.local_only,
                               progress=self.progress.shard(kept, scorer.renderer))
         rows = list(decision_rows(results, scorer.renderer, self.ctx))
+        work = {**(scorer.stats.work() - before).counts(), "bound_tokens": sum(
+            sum(bound_tokens_by_round(t, scorer.renderer)) for t in kept) if scorer.renderer else None}
         if scorer.renderer is not None:
             scorer.renderer.forget()  # texts recur within a shard, not across: memory flat in dataset size
-        return rows, scorer.stats.tokens_processed - tokens_before
+        return rows, scorer.stats.tokens_processed - tokens_before, work
 
     def close(self) -> None:
         if self.scorer is not None:

@@ -37,6 +37,7 @@ from typing import Any
 
 from race_core.config import CoverConfig, Resources, from_dict
 from race_core.schema import Trajectory, trajectory_id
+from race_core.scoring import sum_work
 from storage import ArtifactStore, stage_key
 from storage.parquet import DatasetWriter, iter_rows_from_store, read_dataset_from_store, row_to_trajectory
 from tasks.base import TempDataset
@@ -275,7 +276,7 @@ def _score_and_commit(store: ArtifactStore, key: str, shard: Shard, trajectories
     work.progress.skip(len(trajectories) - len(fresh))
     refused_now = _Rows()
     began, loaded = time.perf_counter(), work.load_s
-    scored, tokens = work.score(fresh, refused_now) if fresh else ([], 0)
+    scored, tokens, counted = work.score(fresh, refused_now) if fresh else ([], 0, {})
     load_s = work.load_s - loaded
     score_s = time.perf_counter() - began - load_s
     decided_now: dict[str, list[Any]] = {}
@@ -311,6 +312,7 @@ def _score_and_commit(store: ArtifactStore, key: str, shard: Shard, trajectories
                "kv_bytes_peak": stats.kv_bytes_peak if stats else 0, "kv_evictions": stats.evictions if stats else 0,
                "context_tokens": work.limit if work.scorer is not None else earlier.get("context_tokens"),
                "render_mode": work.ctx.render_mode if work.ctx is not None else earlier.get("render_mode"),
+               "work": counted,
                "read_bytes": read_bytes, "load_s": round(load_s, 3), "score_s": round(score_s, 3)}
     record = {"stage": SHARD_STAGE, "key": key, "trajectory_ids": list(shard.ids), "objects": objects,
               "object_sizes": sizes, "metrics": metrics, **unit_provenance(device)}
@@ -348,4 +350,4 @@ def merge_shards(store: ArtifactStore, scope: str, plan: list[Shard], log: Log) 
                         "kv_bytes_peak": max((m.get("kv_bytes_peak") or 0 for m in metrics), default=0),
                         "kv_evictions": total("kv_evictions"), "context_tokens": first("context_tokens"),
                         "render_mode": first("render_mode"), "shards": len(plan),
-                        "trajectories_reused": total("reused")}}
+                        "trajectories_reused": total("reused"), "work": sum_work(m.get("work") for m in metrics)}}

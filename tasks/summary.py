@@ -34,7 +34,7 @@ def summarize(manifests: dict[str, dict[str, Any]], run_info: dict[str, Any] | N
     if "compress" in m:
         summary["cover"] = {k: m["compress"]["metrics"][k] for k in COVER_COUNTS}
         if "cover" in m:
-            summary["cover"].update({k: m["cover"]["metrics"].get(k) for k in ("scorer_noise", "render_mode")})
+            summary["cover"].update({k: m["cover"]["metrics"].get(k) for k in ("scorer_noise", "render_mode", "work")})
         summary["objects"]["compressed"] = m["compress"]["objects"]["compressed"]
     if "sft" in m:
         summary["objects"]["sft_checkpoint"] = m["sft"]["objects"]["checkpoint"]

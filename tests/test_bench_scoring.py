@@ -1,15 +1,17 @@
 """The scoring benchmark on a tiny workload: structure of its report, identical decisions across
-methods (and what was compared), the token counts ordered as the algorithms imply (no timing
-assertions), the real-checkpoint mode on a JSONL file, and the memory bench running the real cover
-stage."""
+methods (and what was compared), each method's token counts against counts made here from the
+renderings (no timing assertions), the real-checkpoint mode on a JSONL file, the records it keeps
+and compares, and the memory bench running the real cover stage."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 from dataclasses import replace
 
 import pytest
+from work_bound import bound_tokens, full_forward_tokens, naive_tokens
 
 from bench.baselines import NaiveScorer
 from bench.cli import add_bench_parser
@@ -26,12 +28,26 @@ from bench.scoring import (
 from bench.workload import Workload, synthetic_trajectories
 from race_core.render import OBSERVATION_PREFIX, Renderer
 
+OPTIONS = dict(models=("tiny",), turns=(3,), workload=Workload(n=4), batch_size=4, naive_subset=0, vllm="off",
+               demo_data=4, profile=True)
+
 
 @pytest.fixture(scope="module")
 def report(tiny_checkpoint):
-    options = BenchOptions(models=("tiny",), turns=(3,), workload=Workload(n=4), batch_size=4, naive_subset=0,
-                           vllm="off", demo_data=4, cache_dir=str(tiny_checkpoint.parent))
-    return run_bench(options)
+    return run_bench(BenchOptions(**OPTIONS, cache_dir=str(tiny_checkpoint.parent)))
+
+
+def reference_results(tiny_checkpoint, run):
+    """The synthetic workload of `run` and hf's cover of it, outside the bench: what the counts
+    below are made from."""
+    from race_core.cover import logic_cover
+    from race_core.policy import load_policy
+    from race_core.scoring.hf import HFScorer
+
+    model, tokenizer = load_policy(tiny_checkpoint)
+    renderer = Renderer(tokenizer)
+    trajectories = synthetic_trajectories(renderer, Workload(**run["workload"]))
+    return renderer, logic_cover(trajectories, HFScorer(model, tokenizer, batch_size=4), 1e-3)
 
 
 def test_synthetic_fields_have_exact_token_lengths(tiny_policy):
@@ -75,17 +91,54 @@ def test_bench_report_structure_and_identical_decisions(report):
     for m in methods.values():
         assert {"name", "wall_s", "tokens_processed", "speedup_vs_naive", "time_vs_bound"} <= set(m)
         assert m["speedup_vs_naive"] > 0 and m["time_vs_bound"] > 0 and m["wall_s"] > 0
-    assert run["bound"]["tokens"] > 0 and run["bound"]["wall_s"] > 0
-    assert run["bound"]["tokens"] < methods["full-forward"]["tokens_processed"] < methods["naive"]["tokens_processed"]
-    assert methods["hf"]["tokens_processed"] == run["bound"]["tokens"]  # prefix reuse feeds exactly the bound
-    assert methods["hf+early-reject"]["tokens_processed"] <= run["bound"]["tokens"]
+    assert run["bound"]["wall_s"] > 0
+    for m in methods.values():  # the raw forward is measured again before each method
+        assert m["bound_wall_s"] > 0 and m["time_vs_bound"] == pytest.approx(m["wall_s"] / m["bound_wall_s"])
+        assert m["work"]["tokens_processed"] == m["tokens_processed"]  # all ran on all 4: nothing scaled
+    assert methods["hf"]["forward_overhead"] >= 1 and methods["hf"]["overhead_measured"] is True
     assert "vllm skipped" in " ".join(run["notes"])
-    assert "| naive |" in format_table(run)
+    assert "| naive |" in format_table(run) and "| hf | " in format_table(run).split("work counters")[1]
     demo = report["demo_early_reject"]
     assert demo["decisions_identical"] is True
     assert demo["decisions_compared"] == {"reference": "hf", "methods": [
         {"method": "hf+early-reject", "trajectories": 4, "candidates": demo["candidates"], "identical": True}]}
     assert demo["hf+early-reject"]["tokens_processed"] <= demo["hf"]["tokens_processed"]
+
+
+def test_the_profile_splits_each_forward_the_counters_saw(report):
+    from bench.profile import PARTS, format_profile
+
+    (run,) = report["runs"]
+    profile, hf = run["profile"], next(m for m in run["methods"] if m["name"] == "hf")["work"]
+    forwards = profile["forwards"]
+    assert len(forwards) == hf["forward_calls"] and sum(f["rows"] for f in forwards) == hf["rows"]
+    assert sum(f["rows"] * f["fed"] for f in forwards) == hf["padded_positions"]
+    assert forwards[0]["prefix"] == 0 and any(f["prefix"] > 0 for f in forwards)  # round 0, then cached rounds
+    for f in forwards:
+        assert sum(f[part] for part in PARTS) == pytest.approx(f["seconds"]) and f["matmul"] > 0
+    assert "| attention |" in format_profile(profile, "tiny T=3")
+
+
+def test_each_method_feeds_the_tokens_its_algorithm_implies(report, tiny_checkpoint):
+    """Counted here from the renderings of the same cover: hf feeds the work bound, full-forward
+    every trajectory and candidate whole, naive one prefix per turn of each; and each method's
+    forwards and rows are what its batching implies."""
+    (run,) = report["runs"]
+    renderer, results = reference_results(tiny_checkpoint, run)
+    methods = {m["name"]: m for m in run["methods"]}
+    bound = bound_tokens(renderer, results)
+    assert run["bound"]["tokens"] == bound
+    assert methods["hf"]["tokens_processed"] == bound  # prefix reuse feeds exactly the bound
+    assert methods["hf+early-reject"]["tokens_processed"] < bound
+    assert methods["full-forward"]["tokens_processed"] == full_forward_tokens(renderer, results)
+    assert methods["naive"]["tokens_processed"] == naive_tokens(renderer, results)
+    scored = 4 + run["candidates"]  # each trajectory in full, then each candidate
+    full, naive = methods["full-forward"]["work"], methods["naive"]["work"]
+    assert full["forward_calls"] == full["rows"] == scored and full["padded_positions"] == full["tokens_processed"]
+    assert naive["forward_calls"] == 3 * scored  # one per turn (T=3) of each
+    hf = methods["hf"]["work"]
+    assert hf["rows"] == scored and 3 <= hf["forward_calls"] <= scored  # rounds 0..2, at most one per row
+    assert hf["padded_positions"] >= hf["tokens_processed"]
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +152,8 @@ def real_run(tiny_checkpoint, tmp_path_factory):
     data.write_text("\n".join([*lines[:3], '{"question": "no turns"}', *lines[3:]]) + "\n")
     out = folder / "report.json"
     assert bench_main(["--checkpoint", str(tiny_checkpoint), "--input", str(data), "--batch-size", "4",
-                       "--naive-subset", "2", "--vllm", "off", "--json", str(out)]) == 0
+                       "--naive-subset", "2", "--vllm", "off", "--json", str(out),
+                       "--record", str(folder / "records"), "--label", "expert"]) == 0
     return json.loads(out.read_text()), data
 
 
@@ -124,8 +178,27 @@ def test_real_checkpoint_bench_makes_the_same_decisions_with_every_method(real_r
     assert methods["hf"]["tokens_vs_bound"] == 1.0
     assert methods["hf+early-reject"]["tokens_vs_bound"] <= 1.0 < methods["full-forward"]["tokens_vs_bound"]
     for m in methods.values():
-        assert m["time_vs_bound"] == pytest.approx(m["wall_s"] / bound["wall_s"])
+        assert m["time_vs_bound"] == pytest.approx(m["wall_s"] / m["bound_wall_s"])
     assert 0 <= run["scorer_noise"] < 1e-4
+
+
+def test_real_checkpoint_bench_counts_against_the_renderings(real_run, tiny_checkpoint):
+    """The bound and each method's tokens, counted here from the file's trajectories."""
+    from race_core.cover import logic_cover
+    from race_core.policy import load_policy
+    from race_core.schema import read_jsonl
+    from race_core.scoring.hf import HFScorer
+
+    report, data = real_run
+    (run,) = report["runs"]
+    model, tokenizer = load_policy(tiny_checkpoint)
+    renderer = Renderer(tokenizer)
+    good, _ = read_jsonl([str(data)])
+    results = logic_cover(good, HFScorer(model, tokenizer, batch_size=4), run["epsilon"])
+    methods = {m["name"]: m for m in run["methods"]}
+    assert run["bound"]["tokens"] == methods["hf"]["tokens_processed"] == bound_tokens(renderer, results)
+    assert methods["full-forward"]["tokens_processed"] == full_forward_tokens(renderer, results)
+    assert methods["naive"]["work"]["tokens_processed"] == naive_tokens(renderer, results[:2])  # timed on 2
 
 
 def test_real_checkpoint_bench_reports_the_rejected_line(real_run):
@@ -160,8 +233,6 @@ def test_decision_mix_note_names_the_epsilon_when_decisions_are_all_alike():
 
 
 def test_race_bench_scoring_parses(tmp_path):
-    import argparse
-
     parser = argparse.ArgumentParser(prog="race")
     add_bench_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["bench", "scoring", "--json", str(tmp_path / "r.json"), "--sweep", "--n", "8"])
@@ -183,3 +254,57 @@ def test_a_method_with_other_decisions_fails_the_comparison(expert_trajectories)
         check_identical(comparison)
 
 
+
+
+def test_a_record_keeps_commit_machine_and_figures_and_compares_and_tables(real_run, capsys):
+    import os
+    import subprocess
+
+    from bench import records
+
+    report, data = real_run
+    (path,) = (data.parent / "records").iterdir()
+    assert path.name.endswith("-expert.json")
+    kept = records.read(path)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=records.REPO_ROOT, capture_output=True, text=True).stdout
+    assert kept["commit"] == head.strip() and isinstance(kept["dirty"], bool)
+    assert kept["machine"]["logical_cores"] == os.cpu_count() and kept["machine"]["torch_threads"] >= 1
+    assert len(kept["load"]["before"]) == len(kept["load"]["after"]) == 3
+    assert kept["arguments"]["input"] == str(data) and kept["runs"] == report["runs"]
+    again = records.record(report, path.parent)  # a second record is a new file, the first stays
+    assert again != path and records.read(path) == kept
+
+    parser = argparse.ArgumentParser(prog="race")
+    add_bench_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["bench", "compare", str(path), str(again)])
+    assert args.func(args) == 0
+    compared = capsys.readouterr().out
+    (run,) = report["runs"]
+    forwards = next(m for m in run["methods"] if m["name"] == "hf")["work"]["forward_calls"]
+    assert f"| hf | forward_calls | {forwards:,} | {forwards:,} | 1.00 |" in compared
+    assert compared.startswith(f"{path.name}: {kept['machine']['processor']} (")
+
+    readme = path.parent / "README.md"
+    readme.write_text(f"# Title\n{records.TABLE_START}\nold table\n{records.TABLE_END}\nafter\n")
+    args = parser.parse_args(["bench", "table", str(path), "--out", str(path.parent / "table.md"),
+                              "--readme", str(readme)])
+    assert args.func(args) == 0
+    table = (path.parent / "table.md").read_text()
+    assert readme.read_text() == f"# Title\n{records.TABLE_START}\n{table}{records.TABLE_END}\nafter\n"
+    readme.write_text("no markers\n")
+    with pytest.raises(ValueError, match="needs one line"):
+        records.replace_table(readme, table)
+    assert f"| [1] | {run['model']} | 6 | {run['T']} | hf | " in table
+    assert f"| [1] | {run['model']} | 6 | {run['T']} | work bound | " in table
+    assert f"[1] `{path.name}`: {kept['machine']['processor']}" in table and kept["commit"][:8] in table
+
+
+def test_a_file_that_is_not_a_record_is_named(tmp_path):
+    from bench import records
+
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"memory": []}')
+    with pytest.raises(ValueError, match=re.escape(f"benchmark record {str(bad)!r} has no 'runs' list")):
+        records.read(bad)
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        records.read(tmp_path / "missing.json")

@@ -3,6 +3,7 @@ never decisions; the budget is a resource, not part of the cover's key; out of m
 batch and the budget."""
 
 import pytest
+import torch
 
 from flows.cli import build_parser
 from flows.options import config_from_args
@@ -22,9 +23,12 @@ DROP_TOLERANCE = 1e-6  # float summation order only (see tests/test_cover.py)
 
 
 def tensor_bytes(scorer: HFScorer) -> int:
-    """Bytes of the kept copies counted from the tensors themselves, not from the scorer's own tally."""
+    """Bytes of the kept copies counted from the tensors themselves (each segment once, however many
+    copies share it), not from the scorer's own tally."""
     store = scorer._prefixes  # the private store: this test checks its bookkeeping against the tensors
-    return sum(t.nbytes for key in list(store._by_key) for p in store.get(key) for kv in p.kv for t in kv)
+    segments = {id(s): s for key in list(store._by_key) for copy in store.get(key) for s, _ in copy.parts}
+    return sum(s.data.nbytes if isinstance(s.data, torch.Tensor) else sum(t.nbytes for kv in s.data for t in kv)
+               for s in segments.values())
 
 
 def test_kv_bytes_per_token_from_the_config_is_what_the_kept_copies_take(tiny_policy, expert_trajectories):

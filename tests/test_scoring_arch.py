@@ -162,7 +162,7 @@ def test_a_cache_that_keeps_only_the_window_is_refused(tokenizer, monkeypatch):
     """What a `DynamicCache` built from the config does to sliding-window layers: the reused prefix
     would lose its start."""
     model = build.__wrapped__("mistral")  # a model object not probed yet
-    monkeypatch.setattr(hf, "_full_cache", lambda: transformers.DynamicCache(config=model.config))
+    monkeypatch.setattr(hf, "_batch_cache", lambda *args: transformers.DynamicCache(config=model.config))
     with pytest.raises(ValueError, match=r"cannot score model_type 'mistral'.*cache kept \[7\] positions"):
         HFScorer(model, tokenizer)
 

@@ -112,45 +112,86 @@ def padding(rows, batch):
     return len(feds) * max(feds), sum(feds)
 
 
-def test_batch_plan_bounds_padding_of_mixed_length_rows(tiny_policy, expert_trajectories):
+def forward_cost(rows, batch, overhead, attention, chunk):
+    """The cost of one forward, counted here position by position and chunk by chunk (not with the
+    scorer's formula): padded positions, attention pairs (the causal triangle without a cached
+    prefix, else every chunk's queries over the prefix and the tokens up to the chunk's end), and
+    `overhead` per call of the model."""
+    new = max(rows[i].fed for i in batch)
+    past = max(rows[i].reused for i in batch)
+    if past == 0:
+        pairs, calls = sum(q + 1 for q in range(new)), 1
+    else:
+        ends = list(range(chunk, new, chunk)) + [new]
+        pairs = sum((end - start) * (past + end) for start, end in zip([0, *ends[:-1]], ends, strict=True))
+        calls = len(ends)
+    return len(batch) * new + attention * len(batch) * pairs + overhead * calls
+
+
+def contiguous_plans(order, batch_size):
+    """Every cut of `order` into consecutive batches of at most `batch_size`."""
+    if not order:
+        yield []
+        return
+    for k in range(1, min(batch_size, len(order)) + 1):
+        for rest in contiguous_plans(order[k:], batch_size):
+            yield [order[:k], *rest]
+
+
+@pytest.mark.parametrize("overhead", [0.0, 16.0, 1e9])
+def test_the_batch_plan_is_the_cheapest_cut_of_the_rows(tiny_policy, expert_trajectories, overhead):
     model, tokenizer = tiny_policy
-    scorer = HFScorer(model, tokenizer, batch_size=8, pad_ratio=1.1)
-    _, rows = mixed_rows(scorer, list(expert_trajectories))
+    scorer = HFScorer(model, tokenizer, batch_size=4, chunk_tokens=16, forward_overhead=overhead)
+    _, rows = mixed_rows(scorer, list(expert_trajectories[:10]))
     assert len({row.fed for row in rows}) > 5 and len({row.reused for row in rows}) > 5  # really mixed
+    attention = scorer.cost.attention
+    assert 0 < attention < 0.1  # a pair of one layer costs a small share of a position through its weights
 
     plan = scorer._plan_batches(rows)
     assert sorted(i for batch in plan for i in batch) == list(range(len(rows)))  # every row, once
-    for batch in plan:
-        assert 1 <= len(batch) <= scorer.batch_size
-        computed, real = padding(rows, batch)
-        assert len(batch) == 1 or computed <= 1.1 * real
-    assert any(len(batch) > 1 for batch in plan)  # the bound still batches rows of similar lengths
-
-    # Without the bound the same rows are planned by batch_size alone and pad past it.
-    scorer.pad_ratio = None
-    unbounded = scorer._plan_batches(rows)
-    assert [len(b) for b in unbounded] == [8] * (len(rows) // 8) + ([len(rows) % 8] if len(rows) % 8 else [])
-    assert any(computed > 1.1 * real for computed, real in (padding(rows, b) for b in unbounded))
-    total = [sum(padding(rows, b)[0] for b in p) for p in (plan, unbounded)]
-    assert total[0] < total[1]
+    assert all(1 <= len(batch) <= 4 for batch in plan)
+    order = sorted(range(len(rows)), key=lambda i: (rows[i].fed, len(rows[i].ids)))
+    cheapest = min(sum(forward_cost(rows, b, overhead, attention, 16) for b in cut)
+                   for cut in contiguous_plans(order, 4))
+    assert sum(forward_cost(rows, b, overhead, attention, 16) for b in plan) == pytest.approx(cheapest)
+    if overhead == 0:  # padding costs, calls are free: no batch pads
+        assert sum(padding(rows, b)[0] for b in plan) == sum(row.fed for row in rows)
+    if overhead == 1e9:  # calls cost everything: the fewest batches
+        assert len(plan) == -(-len(rows) // 4)
 
 
-def test_padding_bound_changes_batches_not_scores(tiny_policy, expert_trajectories):
+def test_the_plan_changes_batches_not_scores(tiny_policy, expert_trajectories):
     model, tokenizer = tiny_policy
     trajectories = list(expert_trajectories)
-    scores, calls = [], []
-    for pad_ratio in (1.1, None):
-        scorer = HFScorer(model, tokenizer, batch_size=8, pad_ratio=pad_ratio)
+    scores, calls, padded = [], [], []
+    for overhead in (0.0, 1e9):
+        scorer = HFScorer(model, tokenizer, batch_size=8, forward_overhead=overhead)
         requests, _ = mixed_rows(scorer, trajectories)
-        before = scorer.stats.forward_calls
+        before = scorer.stats.work()
         scores.append(scorer.score(requests))
-        calls.append(scorer.stats.forward_calls - before)
-    assert calls[0] > calls[1]
-    for bounded, unbounded in zip(*scores, strict=True):
-        assert np.max(np.abs(np.array(bounded) - unbounded)) < 1e-5
+        done = scorer.stats.work() - before
+        calls.append(done.forward_calls)
+        padded.append(done.padded_positions / done.tokens_processed)
+    assert calls[0] > calls[1] and padded[0] == 1.0 < padded[1]
+    for cheap_calls, few_calls in zip(*scores, strict=True):
+        assert np.max(np.abs(np.array(cheap_calls) - few_calls)) < 1e-5
 
 
-def test_pad_ratio_below_one_is_refused(tiny_policy):
+def test_a_negative_forward_overhead_is_refused(tiny_policy):
     model, tokenizer = tiny_policy
-    with pytest.raises(ValueError, match="pad_ratio must be >= 1"):
-        HFScorer(model, tokenizer, pad_ratio=0.9)
+    with pytest.raises(ValueError, match="forward_overhead must be >= 0"):
+        HFScorer(model, tokenizer, forward_overhead=-1)
+
+
+def test_the_overhead_is_measured_once_per_model_as_a_power_of_two(tiny_policy, monkeypatch):
+    from race_core.scoring.plan import measure_overhead
+
+    model, tokenizer = tiny_policy
+    scorer = HFScorer(model, tokenizer)
+    overhead = scorer.stats.extra["forward_overhead"]
+    assert scorer.stats.extra["overhead_measured"] is True and scorer.cost.overhead == overhead
+    assert overhead >= 1 and float(overhead).is_integer() and int(overhead) & (int(overhead) - 1) == 0
+    monkeypatch.setattr(model, "get_decoder", lambda: pytest.fail("the overhead was measured again"))
+    assert measure_overhead(model) == overhead
+    pinned = HFScorer(model, tokenizer, forward_overhead=3)
+    assert pinned.cost.overhead == 3 and pinned.stats.extra["overhead_measured"] is False

@@ -25,8 +25,6 @@ from race_core.scoring import Scorer, ScoreRequest, ScorerStats
 
 T = TypeVar("T")
 
-COUNTED = ("forward_calls", "tokens_processed", "tokens_reused")  # the ScorerStats a view takes from `inner`
-
 
 @dataclass
 class ScoreMemory:
@@ -48,8 +46,8 @@ class ScoreMemory:
 class CachingScorer:
     """A Scorer answering from `memory` what it already holds and passing the rest to `inner`.
 
-    `stats` counts the requests this scorer answered and what it made `inner` do (forwards,
-    tokens), so a cover stage reports its own work. The memory and `inner` belong to the caller,
+    `stats` counts the requests this scorer answered and what it made `inner` do (every work
+    counter but `requests`: forwards, rows, tokens, ...), so a cover stage reports its own work. The memory and `inner` belong to the caller,
     who shares them across cover runs and closes `inner` when done: `close` here frees nothing."""
 
     def __init__(self, inner: Scorer, memory: ScoreMemory):
@@ -107,10 +105,11 @@ class CachingScorer:
 
     def _counted(self, call: Callable[[], T]) -> T:
         """Run `call` on the wrapped scorer; add what it did to `stats` and the memory's computed requests."""
-        before = {name: getattr(self.inner.stats, name) for name in (*COUNTED, "requests")}
+        before = self.inner.stats.work()
         result = call()
-        for name in COUNTED:
-            done = getattr(self.inner.stats, name) - before[name]
-            setattr(self.stats, name, getattr(self.stats, name) + done)
-        self.memory.requests_computed += self.inner.stats.requests - before["requests"]
+        done = self.inner.stats.work() - before
+        self.memory.requests_computed += done.requests
+        done.requests = 0  # `stats.requests` counts the requests this view answered
+        for name, value in done.counts().items():
+            setattr(self.stats, name, getattr(self.stats, name) + value)
         return result

@@ -5,24 +5,27 @@ For each trajectory key the scorer keeps the keys/values of two fed sequences: t
 currently holds (its base) and the last candidate scored. A new request reuses the one sharing the
 longest prefix of token ids with it (compared, never assumed), so after an accepted removal the
 candidate becomes the base and after a rejected one the base stays; either way only the suffix from
-the removed reasoning on is fed. Keys must be unique within one `score` call.
+the removed reasoning on is fed. Keys must be unique within one `score` call. A kept candidate
+shares the segments of the prefix it reused and copies only the tokens it fed
+(`race_core.scoring.kv`).
 
 Those copies are the one part of the scorer's memory that grows with the work given to it, so they
 are kept within a byte budget (`kv_budget`; 0: `race_core.memory.automatic_kv_budget`, half of
-what the device has free once the model is loaded). A copy is counted at the bytes of its tensors;
-`kv_bytes_per_token` is the same figure from the model's config, for planning. When a new copy
-would pass the budget, the least recently used copies are dropped first (`_KeptPrefixes`); one
-larger than the whole budget is not kept. A dropped copy costs time only: the next request of its
-key reuses a shorter prefix or none and feeds the rest, so the scores differ by float noise alone
-and the decisions stay the same. Not counted: the padded cache a batch builds from its copies and
-its activations while it runs (bounded by `batch_size` and `max_batch_tokens`).
+what the device has free once the model is loaded). A segment is counted at the bytes of its
+tensors, once however many copies share it; `kv_bytes_per_token` is the same figure per token from
+the model's config, for planning. When a new copy would pass the budget, the least recently used
+copies are dropped first (`KeptCopies`); one larger than the whole budget is not kept. A dropped
+copy costs time only: the next request of its key reuses a shorter prefix or none and feeds the
+rest, so the scores differ by float noise alone and the decisions stay the same. Not counted: the
+cache a batch builds from its copies and its activations while it runs (bounded by `batch_size` and
+`max_batch_tokens`).
 
 In a batch, cached prefixes are left-padded to a common length and new tokens right-padded; the
 attention mask hides both paddings and position ids are given explicitly, so each row computes what
 it would alone (up to float summation order, which `measure_noise` reports). Padding shifts a row's
 queries and keys by the same offset, so a sliding window, which the model's mask applies to index
-distances, still spans the same tokens. The cache is a `DynamicCache` built without the model's
-config: every layer keeps all positions. One built from the config keeps only the last
+distances, still spans the same tokens. The batch's cache (`kv.BatchCache`) keeps every
+position of every layer: a `DynamicCache` built from the config keeps only the last
 `sliding_window - 1` positions of sliding-window layers (Mistral, Qwen2, Gemma2/3, Cohere2), so a
 reused prefix would lose its start; `_keep_prefixes` checks that no layer did.
 
@@ -33,34 +36,36 @@ Granite's logit scales). Each model is checked once against its own forward
 (`verify_against_forward`), so an architecture whose forward does something else is refused instead
 of scored wrong.
 
-New tokens are fed in chunks of `chunk_tokens` (chunked prefill). With a cache and padding the
-attention runs under an explicit mask, which cannot skip the causal upper triangle: one long chunk
-computes (and materializes a mask for) the whole new × new square, chunks only their own small
-triangles. On the 20M benchmark model (N = 16, T = 16, batch 16) the cover took 101.7 s unchunked,
-87.3 s with chunks of 512, 84.3 s with 256, 81.2 s with 128 and 91.1 s with 64 (per-call overhead).
+New tokens are fed in chunks of `chunk_tokens` (chunked prefill) when a prefix is cached. With a
+cache and padding the attention runs under an explicit mask, which cannot skip the causal upper
+triangle: one long chunk computes (and materializes a mask for) the whole new x new square, chunks
+only their own small squares, at one call of the model each. A batch with nothing cached is fed in
+one call without a padding mask (its padding is all on the right), which takes the causal kernel.
 
-A batch computes every row over its longest one, so the rows of a `score` call are planned into
-batches (`_plan_batches`) by fed length (new tokens after the cached prefix), then total length, and
-a batch is closed early when the next row would make its fed positions (rows x longest fed length)
-exceed `pad_ratio` x the tokens its rows really feed: more, smaller forwards instead of padding. A
-cover round's rows differ widely in both lengths (real trajectories, each cut at its own turn), and
-at batch 16 padding had cost SmolLM2-135M 10,548 positions for 8,630 real tokens on the ReAct sample.
+A batch computes every row over its longest fed length and attends over its longest prefix, so the
+rows of a `score` call are cut into batches by what each forward costs on the device: padded
+positions, attention pairs and a fixed price per call of the model (`race_core.scoring.plan`; the
+price measured once per model and device, or given as `forward_overhead`). The scorer counts its
+work (`ScorerStats`, a `WorkCounters`): forwards, rows, fed and padded positions, attention pairs,
+mask and KV bytes, evictions.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch.profiler import record_function
 
 from race_core.memory import automatic_kv_budget
 from race_core.policy import pad_token_id
 from race_core.render import Rendered, Renderer
 from race_core.scoring import ScoreRequest, ScorerStats, batch_noise
+from race_core.scoring.kv import BatchCache, KeptCopies, KVCopy, Packing, Segment, compacted
+from race_core.scoring.plan import ForwardCost, attention_weight, measure_overhead, plan_batches
 
 MAX_SEQUENCES_PER_KEY = 3
 
@@ -114,67 +119,6 @@ def kv_bytes_per_token(model) -> int:
     return config.num_hidden_layers * 2 * kv_heads * head_dim * next(model.parameters()).element_size()
 
 
-@dataclass(eq=False)  # compared and hashed by identity: `_KeptPrefixes` tracks each copy as itself
-class _Prefix:
-    ids: np.ndarray  # the token ids the cached keys/values belong to
-    kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer, [heads, len, dim]
-    nbytes: int  # of all the tensors in `kv`
-
-
-class _KeptPrefixes:
-    """The KV-prefix copies kept per trajectory key, within `budget` bytes (None: no bound). To make
-    room, the copy least recently used (stored or reused) is dropped first, whichever key it has."""
-
-    def __init__(self, budget: int | None):
-        self.budget = budget
-        self.held = 0  # bytes of all kept copies
-        self._by_key: dict[Hashable, list[_Prefix]] = {}
-        self._use_order: OrderedDict[_Prefix, Hashable] = OrderedDict()  # least recently used first
-
-    def get(self, key: Hashable) -> list[_Prefix]:
-        return list(self._by_key.get(key, ()))
-
-    def used(self, prefix: _Prefix) -> None:
-        self._use_order.move_to_end(prefix)
-
-    def put(self, key: Hashable, entries: list[_Prefix]) -> None:
-        """Make `entries` the copies kept for `key`: the others of `key` are dropped, new ones counted."""
-        for prefix in self._by_key.pop(key, ()):
-            if prefix not in entries:
-                self._forget(prefix)
-        for prefix in entries:
-            if prefix not in self._use_order:
-                self._use_order[prefix] = key
-                self.held += prefix.nbytes
-        if entries:
-            self._by_key[key] = list(entries)
-
-    def make_room(self, nbytes: int) -> tuple[bool, int]:
-        """Drop least recently used copies until `nbytes` more fit the budget: (whether they fit, how
-        many copies were dropped). A size over the whole budget drops nothing and does not fit."""
-        if self.budget is None:
-            return True, 0
-        if nbytes > self.budget:
-            return False, 0
-        dropped = 0
-        while self.held + nbytes > self.budget:
-            prefix, key = next(iter(self._use_order.items()))
-            self._by_key[key].remove(prefix)
-            if not self._by_key[key]:
-                del self._by_key[key]
-            self._forget(prefix)
-            dropped += 1
-        return True, dropped
-
-    def release(self, keys: Sequence[Hashable] | None) -> None:
-        for key in list(self._by_key) if keys is None else keys:
-            self.put(key, [])
-
-    def _forget(self, prefix: _Prefix) -> None:
-        del self._use_order[prefix]
-        self.held -= prefix.nbytes
-
-
 @dataclass
 class _Row:
     """One sequence of a forward batch: `ids[:reused]` come from `prefix`'s cache, the rest is fed;
@@ -182,7 +126,7 @@ class _Row:
 
     key: Hashable
     ids: np.ndarray
-    prefix: _Prefix | None
+    prefix: KVCopy | None
     reused: int
     targets: np.ndarray
 
@@ -198,12 +142,11 @@ def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return int(mismatch[0]) if mismatch.size else n
 
 
-def _full_cache():
-    """An empty cache whose every layer keeps all positions, sliding-window ones too (see the module
-    docstring): a `DynamicCache` built without the model's config."""
-    from transformers import DynamicCache
-
-    return DynamicCache()
+def _batch_cache(layers: int, rows: list[_Row], past: int, width: int, packing: Packing | None, device):
+    """The cache a batch reads (`kv.BatchCache`): per layer, the rows' reused prefixes left-padded to
+    `past` positions, then room for `width - past` fed ones; every layer keeps all positions."""
+    prefixes = [row.prefix.prefix_parts(row.reused) if row.reused else () for row in rows]
+    return BatchCache(layers, prefixes, past, width, packing, device)
 
 
 def _cache_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -220,7 +163,7 @@ class HFScorer:
 
     def __init__(self, model, tokenizer, *, batch_size: int = 8, prefix_reuse: bool = True,
                  renderer: Renderer | None = None, max_batch_tokens: int = 65536, chunk_tokens: int = 128,
-                 kv_budget: int = 0, pad_ratio: float | None = 1.1):
+                 kv_budget: int = 0, forward_overhead: float | None = None):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.renderer = renderer or Renderer(tokenizer)
@@ -230,9 +173,8 @@ class HFScorer:
         if chunk_tokens < 0:
             raise ValueError(f"chunk_tokens must be >= 0 (0 = feed all new tokens at once), got {chunk_tokens}")
         self.chunk_tokens = chunk_tokens
-        if pad_ratio is not None and pad_ratio < 1:
-            raise ValueError(f"pad_ratio must be >= 1 (None = batches bounded by batch_size alone), got {pad_ratio}")
-        self.pad_ratio = pad_ratio
+        if forward_overhead is not None and not forward_overhead >= 0:
+            raise ValueError(f"forward_overhead must be >= 0 positions (None = measured), got {forward_overhead}")
         self.device = next(model.parameters()).device
         self.pad_id = pad_token_id(tokenizer)
         # The Scorer's context limit: the positions the model was built for (None: not stated).
@@ -245,11 +187,18 @@ class HFScorer:
         self.noise: float | None = None
         # Per trajectory key: the base sequence (the trajectory as currently held) and the last
         # scored candidate, each with its keys/values; see `_reusable`.
-        self._prefixes = _KeptPrefixes(self.kv_budget)
+        self._prefixes = KeptCopies(self.kv_budget)
+        self._one_batch = False  # measure_noise: every row in one forward
+        self._packing: Packing | None = None  # learnt from the first forward's cache (kv.Packing)
+        # What a forward costs (plan.py): the price of a call of the model measured once per model
+        # object on its device unless given.
+        overhead = measure_overhead(model) if forward_overhead is None else float(forward_overhead)
+        self.cost = ForwardCost(overhead=overhead, attention=attention_weight(model.config), chunk_tokens=chunk_tokens)
         if model not in _verified:
             _verified[model] = self.verify_against_forward()
         self.stats.extra["probe"] = dict(_verified[model])
-        self.stats.extra.update(kv_budget=self.kv_budget, kv_bytes_per_token=self.kv_bytes_per_token)
+        self.stats.extra.update(kv_budget=self.kv_budget, kv_bytes_per_token=self.kv_bytes_per_token,
+                                forward_overhead=overhead, overhead_measured=forward_overhead is None)
 
     @classmethod
     def from_pretrained(cls, checkpoint: str, *, device: str = "cpu", dtype: str = "float32", **options) -> HFScorer:
@@ -269,11 +218,14 @@ class HFScorer:
 
     @torch.inference_mode()
     def score(self, requests: Sequence[ScoreRequest]) -> list[list[float]]:
-        rendered = [self.renderer.render(r.trajectory) for r in requests]
-        spans = [x.action_spans[r.from_turn: r.last_turn + 1] for r, x in zip(requests, rendered, strict=True)]
-        rows = [self._row(r.key, x, s) for r, x, s in zip(requests, rendered, spans, strict=True)]
+        with record_function("hf.rows"):
+            rendered = [self.renderer.render(r.trajectory) for r in requests]
+            spans = [x.action_spans[r.from_turn: r.last_turn + 1] for r, x in zip(requests, rendered, strict=True)]
+            rows = [self._row(r.key, x, s) for r, x, s in zip(requests, rendered, spans, strict=True)]
+        with record_function("hf.plan"):
+            plan = self._plan_batches(rows)
         results: list[list[float] | None] = [None] * len(requests)
-        for batch in self._plan_batches(rows):
+        for batch in plan:
             for i, logprobs in zip(batch, self._token_logprobs([rows[i] for i in batch]), strict=True):
                 per_turn = np.split(logprobs, np.cumsum([end - start for start, end in spans[i]])[:-1])
                 results[i] = [float(np.mean(lp)) for lp in per_turn]
@@ -283,13 +235,12 @@ class HFScorer:
     def measure_noise(self, requests: Sequence[ScoreRequest]) -> float:
         """Max |difference| between scoring each request alone (no cache) and all in one batch
         (`batch_noise`); the prefix cache is set aside meanwhile and restored after."""
-        saved = (self.batch_size, self.pad_ratio, self.prefix_reuse, self._prefixes)
+        saved = (self.prefix_reuse, self._prefixes)
         try:
-            self._prefixes, self.prefix_reuse = _KeptPrefixes(None), False
-            self.batch_size, self.pad_ratio = max(len(requests), 1), None  # one batch, padding unbounded
+            self._prefixes, self.prefix_reuse, self._one_batch = KeptCopies(None), False, True
             self.noise = batch_noise(self, requests)
         finally:
-            self.batch_size, self.pad_ratio, self.prefix_reuse, self._prefixes = saved
+            (self.prefix_reuse, self._prefixes), self._one_batch = saved, False
         return self.noise
 
     @torch.inference_mode()
@@ -308,7 +259,7 @@ class HFScorer:
         seconds = [np.concatenate([ids[:split], rng.integers(0, vocab, extra)])
                    for ids, split, extra in zip(firsts, (24, 10), (13, 19), strict=True)]
         saved = (self.prefix_reuse, self._prefixes, self.stats)
-        self.prefix_reuse, self._prefixes, self.stats = True, _KeptPrefixes(None), ScorerStats()
+        self.prefix_reuse, self._prefixes, self.stats = True, KeptCopies(None), ScorerStats()
         measured = {"head": 0.0, "scored": 0.0}
         max_logit = 0.0
         try:
@@ -360,7 +311,7 @@ class HFScorer:
         prefix, reused = self._reusable(key, ids, spans[0][0] - 1)
         return _Row(key, ids, prefix, reused, np.concatenate([np.arange(a, b) for a, b in spans]))
 
-    def _reusable(self, key: Hashable, ids: np.ndarray, limit: int) -> tuple[_Prefix | None, int]:
+    def _reusable(self, key: Hashable, ids: np.ndarray, limit: int) -> tuple[KVCopy | None, int]:
         """Pick the cached sequence sharing the longest prefix with `ids`; return how many of its
         leading tokens can be reused (at most `limit`: the token before the first one scored, whose
         hidden state must be computed)."""
@@ -382,42 +333,56 @@ class HFScorer:
         return best, min(best_common, limit)
 
     def _plan_batches(self, rows: list[_Row]) -> list[list[int]]:
-        """The forward batches of `rows` (indices): ordered by fed length, then total length; a batch
-        closed before it passes `batch_size` rows, `max_batch_tokens` padded positions (rows x longest
-        row), or, with `pad_ratio`, fed positions (rows x longest fed length) over `pad_ratio` x the
-        tokens its rows feed. A row alone always makes a batch."""
-        order = sorted(range(len(rows)), key=lambda i: (rows[i].fed, len(rows[i].ids)))
-        batches: list[list[int]] = []
-        batch: list[int] = []
-        width = fed_max = fed_sum = 0
-        for i in order:
-            row = rows[i]
-            n = len(batch) + 1
-            grown = (max(width, len(row.ids)), max(fed_max, row.fed), fed_sum + row.fed)
-            if batch and (n > self.batch_size or grown[0] * n > self.max_batch_tokens
-                          or (self.pad_ratio is not None and grown[1] * n > self.pad_ratio * grown[2])):
-                batches.append(batch)
-                batch, grown = [], (len(row.ids), row.fed, row.fed)
-            batch.append(i)
-            width, fed_max, fed_sum = grown
-        if batch:
-            batches.append(batch)
-        return batches
+        """The forward batches of `rows` (indices), of least total cost on the device
+        (`plan.plan_batches`); all of them in one batch while the noise is measured."""
+        if self._one_batch:
+            return [list(range(len(rows)))] if rows else []
+        return plan_batches([row.fed for row in rows], [row.reused for row in rows], self.cost,
+                            self.batch_size, self.max_batch_tokens)
 
     def _token_logprobs(self, rows: list[_Row]) -> list[np.ndarray]:
         """One batched forward of the rows' new tokens over their cached prefixes: for each row,
-        the log-probs of its tokens at `targets`."""
+        the log-probs of its tokens at `targets`. Its steps are named for `torch.profiler`
+        (`hf.forward rows=.. prefix=.. fed=..`, within it `hf.kv_fill`, `hf.decoder`, `hf.head`,
+        `hf.keep`), which `bench.profile` reads."""
         past_len = max(row.reused for row in rows)
-        new_len = max(len(row.ids) - row.reused for row in rows)
+        new_len = max(row.fed for row in rows)
+        with record_function(f"hf.forward rows={len(rows)} prefix={past_len} fed={new_len}"):
+            hidden, cache = self._decode(rows, past_len, new_len)
+            with record_function("hf.head"):
+                # Gather the hidden states that predict target tokens, then one head over only those.
+                rows_idx = np.concatenate([np.full(len(row.targets), b) for b, row in enumerate(rows)])
+                cols_idx = np.concatenate([row.targets - 1 - row.reused for row in rows])
+                targets = torch.from_numpy(np.concatenate([row.ids[row.targets] for row in rows])).to(self.device)
+                logits = head_logits(self.model, hidden[torch.from_numpy(rows_idx), torch.from_numpy(cols_idx)])
+                token_logprobs = torch.log_softmax(logits.float(), dim=-1).gather(1, targets[:, None])[:, 0]
+                token_logprobs = token_logprobs.double().cpu().numpy()
+            stats = self.stats
+            stats.forward_calls += 1
+            stats.rows += len(rows)
+            stats.tokens_processed += sum(row.fed for row in rows)
+            stats.padded_positions += len(rows) * new_len
+            stats.tokens_reused += sum(row.reused for row in rows)
+            stats.attention_pairs += self.cost.pairs(len(rows), past_len, new_len)
+            if self.prefix_reuse:
+                stats.kv_bytes_copied += getattr(cache, "copied", 0)
+                with record_function("hf.keep"):
+                    self._keep_prefixes(rows, past_len, past_len + new_len, cache)
+        return np.split(token_logprobs, np.cumsum([len(row.targets) for row in rows])[:-1])
+
+    def _decode(self, rows: list[_Row], past_len: int, new_len: int) -> tuple[torch.Tensor, object]:
+        """The decoder's last hidden states of the rows' fed positions (right-padded to `new_len`) over
+        their reused prefixes (left-padded to `past_len`), and the batch's cache (None without reuse)."""
         input_ids = torch.full((len(rows), new_len), self.pad_id, dtype=torch.long)
         attention = torch.zeros((len(rows), past_len + new_len), dtype=torch.long)
         positions = torch.zeros((len(rows), new_len), dtype=torch.long)
         for b, row in enumerate(rows):
-            fed = len(row.ids) - row.reused
-            input_ids[b, :fed] = torch.from_numpy(row.ids[row.reused:])
-            attention[b, past_len - row.reused: past_len + fed] = 1
+            input_ids[b, :row.fed] = torch.from_numpy(row.ids[row.reused:])
+            attention[b, past_len - row.reused: past_len + row.fed] = 1
             positions[b] = torch.arange(row.reused, row.reused + new_len)
-        cache = self._batched_cache(rows, past_len)
+        layers = self.model.config.get_text_config().num_hidden_layers
+        cache = (_batch_cache(layers, rows, past_len, past_len + new_len, self._packing, self.device)
+                 if self.prefix_reuse else None)
         decoder = self.model.get_decoder()
         # Nothing cached (always so without prefix reuse): only right padding, which no real token
         # attends to under the causal mask, so one call without a padding mask takes SDPA's causal
@@ -428,61 +393,42 @@ class HFScorer:
         for s in range(0, new_len, step):
             e = min(s + step, new_len)
             mask = None if causal_only else attention[:, : past_len + e].to(self.device)
-            out = decoder(
-                input_ids=input_ids[:, s:e].to(self.device), attention_mask=mask,
-                position_ids=positions[:, s:e].to(self.device), past_key_values=cache, use_cache=self.prefix_reuse,
-            )
+            with record_function("hf.decoder"):
+                out = decoder(input_ids=input_ids[:, s:e].to(self.device), attention_mask=mask,
+                              position_ids=positions[:, s:e].to(self.device), past_key_values=cache,
+                              use_cache=self.prefix_reuse)
             cache = out.past_key_values
             hidden_chunks.append(out.last_hidden_state)
-        hidden = hidden_chunks[0] if len(hidden_chunks) == 1 else torch.cat(hidden_chunks, dim=1)
-
-        # Gather the hidden states that predict target tokens, then one head over only those.
-        rows_idx = np.concatenate([np.full(len(row.targets), b) for b, row in enumerate(rows)])
-        cols_idx = np.concatenate([row.targets - 1 - row.reused for row in rows])
-        targets = torch.from_numpy(np.concatenate([row.ids[row.targets] for row in rows])).to(self.device)
-        logits = head_logits(self.model, hidden[torch.from_numpy(rows_idx), torch.from_numpy(cols_idx)]).float()
-        token_logprobs = torch.log_softmax(logits, dim=-1).gather(1, targets[:, None])[:, 0].double().cpu().numpy()
-
-        self.stats.forward_calls += 1
-        self.stats.tokens_processed += sum(len(row.ids) - row.reused for row in rows)
-        self.stats.tokens_reused += sum(row.reused for row in rows)
-        if self.prefix_reuse:
-            self._keep_prefixes(rows, past_len, past_len + new_len, cache)
-        return np.split(token_logprobs, np.cumsum([len(row.targets) for row in rows])[:-1])
-
-    def _batched_cache(self, rows: list[_Row], past_len: int):
-        """Left-pad each row's reused keys/values to `past_len` and stack them into one cache."""
-        if past_len == 0:
-            return _full_cache() if self.prefix_reuse else None
-        template = next(row.prefix for row in rows if row.reused)
-        cache = _full_cache()
-        for layer, (k0, v0) in enumerate(template.kv):
-            keys, values = [], []
-            for row in rows:  # keys and values differ in size under latent attention (DeepSeek, MiniCPM3)
-                k, v = row.prefix.kv[layer] if row.reused else (k0[:, :0], v0[:, :0])
-                keys.append(torch.nn.functional.pad(k[:, : row.reused], (0, 0, past_len - row.reused, 0)))
-                values.append(torch.nn.functional.pad(v[:, : row.reused], (0, 0, past_len - row.reused, 0)))
-            cache.update(torch.stack(keys), torch.stack(values), layer)
-        return cache
+            self.stats.decoder_calls += 1
+            self.stats.mask_bytes += 0 if mask is None else len(rows) * (e - s) * (past_len + e)
+        return (hidden_chunks[0] if len(hidden_chunks) == 1 else torch.cat(hidden_chunks, dim=1)), cache
 
     def _keep_prefixes(self, rows: list[_Row], past_len: int, width: int, cache) -> None:
-        """Store each row's whole fed sequence (its reused prefix and the new tokens), within the KV
-        budget: the sequences it continues are dropped first, then the least recently used copies."""
+        """Keep each row's whole fed sequence (the reused prefix's segments and a segment of the
+        new tokens), within the KV budget: the sequences it continues are dropped first, then the
+        least recently used copies."""
         layers = _cache_layers(cache)
         kept_lengths = {k.shape[-2] for k, _ in layers}
         if kept_lengths != {width}:
             raise RuntimeError(f"the model's cache kept {sorted(kept_lengths)} positions per layer, not all "
                                f"{width} fed: a truncating (sliding-window) cache cannot be reused")
+        self._packing = self._packing or Packing.of(layers)
+        buffer = getattr(cache, "buffer", None)  # packed: [layers, 2, rows, heads, width, dim]
         # bytes per position of one row's copy (keys and values differ in size under latent attention)
         position_bytes = sum(t.shape[1] * t.shape[3] * t.element_size() for layer in layers for t in layer)
         for b, row in enumerate(rows):
-            start, end = past_len - row.reused, past_len + len(row.ids) - row.reused
             kept = [e for e in self._prefixes.get(row.key) if _common_prefix(e.ids, row.ids) < len(e.ids)]
             self._prefixes.put(row.key, kept[-(MAX_SEQUENCES_PER_KEY - 1):])
-            fits, dropped = self._prefixes.make_room((end - start) * position_bytes)
+            reused = compacted(row.prefix.prefix_parts(row.reused)) if row.reused else ()
+            own = Segment([], row.fed, row.fed * position_bytes)  # its tensors are copied once it fits
+            copy = KVCopy(ids=row.ids.copy(), parts=(*reused, (own, row.fed)))
+            fits, dropped = self._prefixes.make_room(copy)
             self.stats.evictions += dropped + int(not fits)
             if fits:
-                kv = [(k[b, :, start:end].clone(), v[b, :, start:end].clone()) for k, v in layers]
-                prefix = _Prefix(ids=row.ids.copy(), kv=kv, nbytes=(end - start) * position_bytes)
-                self._prefixes.put(row.key, [*self._prefixes.get(row.key), prefix])
+                fed = slice(past_len, past_len + row.fed)
+                own.data = (buffer[:, :, b, :, fed].clone() if buffer is not None
+                            else [(k[b, :, fed].clone(), v[b, :, fed].clone()) for k, v in layers])
+                made = [s for s, _ in reused if s not in {s for s, _ in row.prefix.parts}]  # compacted
+                self.stats.kv_bytes_copied += own.nbytes + sum(s.nbytes for s in made)
+                self._prefixes.put(row.key, [*self._prefixes.get(row.key), copy])
                 self.stats.kv_bytes_peak = max(self.stats.kv_bytes_peak, self._prefixes.held)

@@ -72,6 +72,7 @@ class VLLMScorer(EngineOwner):
             ])
         self.stats.forward_calls += 1
         self.stats.requests += len(requests)
+        self.stats.rows += len(prompts)
         self.stats.tokens_processed += sum(len(ids) for ids in prompts)
         return scores
 
