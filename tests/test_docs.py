@@ -94,3 +94,25 @@ def test_the_built_site_has_every_page_math_as_mathml_and_no_remote_script(site)
         assert not re.search(r'<script[^>]+src="(https?:)?//', html.read_text()), html
     assert "def logic_cover" not in (site / "method" / "cover" / "index.html").read_text()
     assert "LoGiC progressive cover" in (site / "method" / "cover" / "index.html").read_text()  # its docstring
+
+
+def test_the_readme_links_only_to_files_that_exist_and_keeps_its_result_markers(tmp_path):
+    """The README is short and points into docs/: every relative link must open a file on GitHub
+    (the generated reference pages have no file, so it may not link to them), its two commands are
+    the ones CI runs, and `race bench table --readme` finds its markers and leaves the rest alone."""
+    from bench import records
+
+    text = (ROOT / "README.md").read_text()
+    links = [link.split("#")[0] for link in re.findall(r"\]\(([^)\s]+)\)", text) if "://" not in link]
+    assert len(links) > 10
+    missing = [link for link in links if not (ROOT / link).exists()]
+    assert not missing, missing
+    assert "```bash\nbash scripts/demo.sh\n```" in text and "```bash\nbash scripts/test.sh\n```" in text
+    assert "bash scripts/test.sh" in (ROOT / ".ci" / "run").read_text()
+    for marker in ("<!-- real-model:begin -->", "<!-- real-model:end -->", records.TABLE_START, records.TABLE_END):
+        assert text.count(marker) == 1, marker
+    copy = tmp_path / "README.md"
+    copy.write_text(text)
+    records.replace_table(copy, "| new | table |\n")
+    start, end = text.index(records.TABLE_START), text.index(records.TABLE_END)
+    assert copy.read_text() == text[:start] + f"{records.TABLE_START}\n| new | table |\n" + text[end:]
