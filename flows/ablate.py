@@ -31,7 +31,7 @@ from tasks import pipeline_tasks as t
 from tasks.pipeline_tasks import RETRY, stage_options
 from tasks.training_stages import PolicyRef
 
-ABLATE_INPUT_TASKS = DEMO_INPUT_TASKS  # two-part training tasks the policy plays (2 episodes each): the demo's
+ABLATE_INPUT_TASKS = DEMO_INPUT_TASKS  # training tasks (config.rl's shape) the policy plays (2 episodes each): the demo's
 ABLATE_SEEDS = (0, 1, 2)
 ABLATE_CONFIG = PipelineConfig(
     cover=CoverConfig(epsilon=1e-3),
@@ -70,12 +70,16 @@ PRESETS = {
     "gpu": AblatePreset("gpu", replace(_REAL, **{"rl.sampler": "vllm", "evaluate.sampler": "vllm"}), input_tasks=256,
                         epsilons=EPSILON_SWEEP,
                         bootstrap=AgentBootstrapConfig(expert_tasks=1024)),
-    # a real checkpoint on this kind of 2-core CPU, inside 90 minutes from a fresh home
+    # a real checkpoint on this kind of 2-core CPU, inside 90 minutes from a fresh home; tasks of 1-3
+    # operations, where a 135M model learns to play in one short SFT (it reached 5 of 64 on two-part ones)
     "cpu": AblatePreset(
-        "cpu", replace(_REAL, **{"rl.iterations": 4, "rl.tasks_per_iteration": 8, "evaluate.tasks": 64}),
-        seeds=(0,), input_tasks=64, epsilons=EPSILON_SWEEP, bootstrap=AgentBootstrapConfig(expert_tasks=256),
+        "cpu", replace(_REAL, **{"rl.iterations": 4, "rl.tasks_per_iteration": 8, "evaluate.tasks": 64,
+                                 "rl.shape": "random", "evaluate.shape": "random"}),
+        seeds=(0,), input_tasks=64, epsilons=EPSILON_SWEEP,
+        bootstrap=AgentBootstrapConfig(shape="random", expert_tasks=256),
         left_out="SFT seeds 1 and 2; 64 input tasks (not 256), 64 held-out tasks (not 200), 4 RL iterations of "
-                 "8 tasks (not 12 of 16), 256 expert episodes for the bootstrap (not 1024)"),
+                 "8 tasks (not 12 of 16), 256 expert episodes for the bootstrap (not 1024); random tasks of 1-3 "
+                 "operations, not two-part ones of 4"),
 }
 
 
@@ -130,8 +134,8 @@ def race_ablate(home: str = ".race", out: str = "runs/ablate", seeds: tuple[int,
 
     The policy: `config.checkpoint`, made a calculator policy first by `bootstrap` when given (a chat
     checkpoint, `race_core.train.checkpoint_bootstrap`), else the kinds bootstrap policy. The inputs:
-    `config.inputs`, else the policy's own successful episodes of `input_tasks` two-part training
-    tasks. ε: with several `epsilons`, a sweep on the inputs chooses (`tasks.sweep.choose_epsilon`),
+    `config.inputs`, else the policy's own successful episodes of `input_tasks` training tasks of
+    the RL's shape and difficulty (`config.rl`). ε: with several `epsilons`, a sweep on the inputs chooses (`tasks.sweep.choose_epsilon`),
     else the one given (`epsilons` or `config.cover.epsilon`)."""
     from tasks.ablation import write_ablation
 
@@ -146,7 +150,8 @@ def race_ablate(home: str = ".race", out: str = "runs/ablate", seeds: tuple[int,
     else:
         base = PolicyRef.local(config.checkpoint or bootstrap_task(home, kinds=True)["checkpoint"])
     checkpoint = base.local_path(ArtifactStore(store))
-    paths = list(config.inputs) or [demo_inputs_task(checkpoint, home, 0, tasks=input_tasks, shape="two-part")["path"]]
+    paths = list(config.inputs) or [demo_inputs_task(checkpoint, home, 0, tasks=input_tasks, shape=config.rl.shape,
+                                                     difficulty=config.rl.difficulty)["path"]]
     chosen = {"epsilon": epsilons[0] if len(epsilons) == 1 else config.cover.epsilon, "why": "given"}
     if len(epsilons) > 1:
         chosen = sweep_task(replace(config, inputs=tuple(paths), checkpoint=checkpoint, store=store), tuple(epsilons),

@@ -355,12 +355,14 @@ def sample_rollouts(model, tokenizer, config: RLConfig, iteration: int, chunk: i
 
 
 def sample_successful_trajectories(model, tokenizer, tasks: int, samples: int, seed: int,
-                                   temperature: float = 1.0, shape: str = "random") -> tuple[list[Trajectory], int]:
-    """Play `samples` episodes of each of `tasks` training tasks (seed `seed`, `shape`); return the
-    successful, well-formed ones as Trajectories (the policy's own data, RACE's input; one per
-    distinct trajectory) and the number of episodes played."""
+                                   temperature: float = 1.0, shape: str = "random", difficulty: int | None = None
+                                   ) -> tuple[list[Trajectory], int]:
+    """Play `samples` episodes of each of `tasks` training tasks (seed `seed`, `shape`, `difficulty`);
+    return the successful, well-formed ones as Trajectories (the policy's own data, RACE's input; one
+    per distinct trajectory) and the number of episodes played."""
     params = SamplingParams(temperature=temperature, seed=seed)
-    rollouts = play_episodes(model, tokenizer, generate_tasks(tasks, seed, split="train", shape=shape), samples, params)
+    drawn = generate_tasks(tasks, seed, difficulty, split="train", shape=shape)
+    rollouts = play_episodes(model, tokenizer, drawn, samples, params)
     trajectories = {t.id: t for r in rollouts if (t := r.to_trajectory()) is not None}
     return list(trajectories.values()), len(rollouts)
 

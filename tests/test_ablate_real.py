@@ -53,14 +53,16 @@ def test_the_whole_loop_runs_on_a_real_instruct_model(prefect_harness, smollm2_c
     from race_core.train.checkpoint_bootstrap import AgentBootstrapConfig
     from storage import ArtifactStore
 
+    # single-operation tasks (a calculation, then the answer): what a few SFT steps teach a 135M model
     config = PipelineConfig(
         checkpoint=str(smollm2_checkpoint), cover=CoverConfig(epsilon=0.1),
         sft=SFTConfig(steps=2, batch_size=4, lr=5e-5, max_length=1024),
-        rl=RLConfig(iterations=1, tasks_per_iteration=2, group_size=2, max_turns=6, max_new_tokens=80, lr=1e-5,
-                    shape="two-part"),
-        evaluate=EvalConfig(tasks=4, shape="two-part", max_turns=6, max_new_tokens=80))
-    bootstrap = AgentBootstrapConfig(expert_tasks=24, check_tasks=2, check_samples=2, max_turns=6, max_new_tokens=80,
-                                     sft=SFTConfig(lr=2e-4, steps=12, batch_size=4, warmup_steps=2, max_length=1024))
+        rl=RLConfig(iterations=1, tasks_per_iteration=2, group_size=2, max_turns=4, max_new_tokens=80, lr=1e-5,
+                    difficulty=1),
+        evaluate=EvalConfig(tasks=4, max_turns=4, max_new_tokens=80))
+    bootstrap = AgentBootstrapConfig(shape="random", difficulty=1, expert_tasks=48, check_tasks=2, check_samples=2,
+                                     max_turns=4, max_new_tokens=80,
+                                     sft=SFTConfig(lr=3e-4, steps=12, batch_size=4, warmup_steps=2, max_length=1024))
     home, out = tmp_path / "home", tmp_path / "out"
     run = dict(home=str(home), out=str(out), seeds=(0,), input_tasks=4, config=config, bootstrap=bootstrap,
                epsilons=(0.03, 0.3), arms=("none", "race"), preset="test")

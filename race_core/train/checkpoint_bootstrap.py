@@ -71,7 +71,7 @@ class AgentBootstrapConfig:
     check_samples: int = 4  # episodes per check task
     seed: int = 0  # sampling seeds
     sft: SFTConfig = field(default_factory=lambda: SFTConfig(
-        lr=1e-4, epochs=1, batch_size=8, warmup_steps=10, min_lr_ratio=0.1, max_length=1024, seed=0))
+        lr=2e-4, epochs=1, batch_size=8, warmup_steps=10, min_lr_ratio=0.1, max_length=1024, seed=0))
 
     def __post_init__(self) -> None:
         if self.recipe not in RECIPES:
