@@ -151,9 +151,9 @@ def cover_task(store_url: str, trajectories: dict[str, Any], policy: PolicyRef, 
                                  description=f"LoGiC cover: {figures.summary()}")
 
     def run(sized: Resources) -> dict[str, Any]:
-        return stages.cover(ArtifactStore(store_url), trajectories["objects"]["trajectories"], policy.path,
-                            policy.digest, config, sized, log=log,
-                            only_cached=only_cached, force=force, on_progress=publish)
+        store = ArtifactStore(store_url)
+        return stages.cover(store, trajectories["objects"]["trajectories"], policy.local_path(store), policy.digest,
+                            config, sized, log=log, only_cached=only_cached, force=force, on_progress=publish)
 
     manifest = with_oom_backoff(run, resources, log)
     update_progress_artifact(progress_id, 100.0)
@@ -165,8 +165,9 @@ def cover_task(store_url: str, trajectories: dict[str, Any], policy: PolicyRef, 
 def compress_task(store_url: str, trajectories: dict[str, Any], decided: dict[str, Any], policy: PolicyRef,
                   epsilon: float, only_cached: bool = False, force: bool = False) -> dict[str, Any]:
     """Apply the cover's accepted removals -> compressed trajectories."""
-    manifest = stages.compress(ArtifactStore(store_url), trajectories["objects"]["trajectories"],
-                               decided["objects"]["decisions"], policy.path, policy.digest, epsilon,
+    store = ArtifactStore(store_url)
+    manifest = stages.compress(store, trajectories["objects"]["trajectories"],
+                               decided["objects"]["decisions"], policy.local_path(store), policy.digest, epsilon,
                                log=_logger_fn(), only_cached=only_cached,
                                refused_digest=decided["objects"].get("rejects"), force=force)
     publish_summary("compress", manifest)
@@ -256,7 +257,8 @@ def derived_arm_task(store_url: str, trajectories: dict[str, Any], race: dict[st
     """The ablation's `arm` (none, random or all) version of the race arm's trajectories (`tasks.ablation`)."""
     from tasks.ablation import derived_arm
 
-    manifest = derived_arm(ArtifactStore(store_url), trajectories["objects"]["trajectories"],
-                           race["objects"]["compressed"], arm, policy.path, policy.digest, epsilon, log=_logger_fn())
+    store = ArtifactStore(store_url)
+    manifest = derived_arm(store, trajectories["objects"]["trajectories"], race["objects"]["compressed"], arm,
+                           policy.local_path(store), policy.digest, epsilon, log=_logger_fn())
     publish_summary(f"arm-{arm}", manifest)
     return manifest
