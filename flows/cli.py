@@ -96,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
                        sections=("cover", "resources", "sft", "rl", "evaluate"))
     p.add_argument("--seeds", type=int, nargs="+", help="SFT (and RL) seeds, one run each (default: the preset's)")
     p.add_argument("--input-tasks", type=int,
-                   help="two-part training tasks the policy plays for input, 2 episodes each (default: the preset's)")
+                   help="training tasks (of the preset's RL task shape) the policy plays for input, 2 episodes each "
+                        "(default: the preset's)")
     p.add_argument("--arms", nargs="+", choices=ARMS, help="the arms to run (default: the preset's; race always)")
     p.add_argument("--epsilon", nargs="+", type=float, metavar="EPSILON", dest="epsilons",
                    help="ε of the cover; several: a sweep on the inputs chooses one and says why (default: the "
