@@ -60,7 +60,7 @@ class AblatePreset:
 # A real chat checkpoint: bootstrapped by expert SFT, its own episodes as input, ε from the sweep.
 _REAL = PipelineConfig(
     sft=SFTConfig(epochs=2, lr=5e-5, batch_size=8, warmup_steps=5, max_length=1024),
-    rl=RLConfig(iterations=12, tasks_per_iteration=16, group_size=4, lr=1e-5, shape="two-part"),
+    rl=RLConfig(iterations=12, tasks_per_iteration=16, group_size=4, lr=1e-5, shape="two-part", micro_batch=8),
     evaluate=EvalConfig(tasks=200, shape="two-part"),
 )
 PRESETS = {

@@ -188,6 +188,7 @@ class RLConfig:
     cover_aware: bool = True  # mask removable reasoning and supervise closure (off: plain GRPO)
     sampler: str = "hf"  # sampling backend: hf (transformers generate) or vllm
     sample_chunk: int = 0  # tasks sampled together, the unit a pool's workers share (0: all K at once)
+    micro_batch: int = 0  # rollouts per forward of the update, gradients accumulated (0: all at once)
 
 
 @dataclass(frozen=True)
@@ -204,7 +205,8 @@ class EvalConfig:
 
 # Fields added after stage keys were first written: left out of a key while at this default, so the
 # keys (and the stored results) of runs that do not set them stay what they were.
-KEY_OPTIONAL = {"local_only": False, "shape": "random", "cover_aware": True, "sample_chunk": 0, "sampler": "hf"}
+KEY_OPTIONAL = {"local_only": False, "shape": "random", "cover_aware": True, "sample_chunk": 0, "sampler": "hf",
+                "micro_batch": 0}
 
 
 def key_fields(config: Any) -> dict[str, Any]:
@@ -244,6 +246,8 @@ class PipelineConfig:
                 raise ValueError(f"parameter '{name}': unknown {unknown}; known stages are {list(STAGES)}")
         if self.rl.iterations < 0:
             raise ValueError("parameter 'rl.iterations' must be >= 0")
+        if self.rl.micro_batch < 0:
+            raise ValueError(f"parameter 'rl.micro_batch': {self.rl.micro_batch} is not >= 0 (0: all rollouts at once)")
         if self.rl.sample_chunk < 0:
             raise ValueError(f"parameter 'rl.sample_chunk': {self.rl.sample_chunk} is not >= 0 (0: all tasks at once)")
         for name, shape in (("rl.shape", self.rl.shape), ("evaluate.shape", self.evaluate.shape)):

@@ -221,3 +221,32 @@ def test_plain_grpo_scores_every_generated_token_and_supervises_no_closure(check
     assert plain.covers == {} and plain.masked_tokens == 0 and plain.closure_terms == 0
     assert not plain.batch.skipped_mask.any()
     assert plain.policy_tokens == cover_aware.policy_tokens and plain.loss != cover_aware.loss
+
+
+def test_micro_batches_give_the_one_forward_loss_gradients_and_logged_tensors(checkpoint, iteration):
+    """rl.micro_batch (3 rollouts, then 3 closure contexts, per forward; gradients accumulated): the
+    loss, every parameter's raw gradient and the logged log-probs (of real tokens) are the
+    one-forward update's, to float32 summation-order noise (the parts are sums with the whole
+    batch's denominators)."""
+    report, *_ = iteration
+    rollouts = report.rollouts
+    assert len(rollouts) > 3 and report.closure_terms > 3  # several micro-batches of each kind
+    unclipped = replace(CONFIG, max_grad_norm=0.0)
+    runs = []
+    for config in (unclipped, replace(unclipped, micro_batch=3)):
+        model, tokenizer = load_policy(checkpoint)
+        updated = update_from_rollouts(model, tokenizer, rollouts, config, epsilon=EPSILON)
+        runs.append((updated, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (whole, grads), (micro, micro_grads) = runs
+    print(f"\nmicro-batched vs one forward: loss {abs(micro.loss - whole.loss):.2e}, "
+          f"max gradient difference {max((micro_grads[n] - g).abs().max().item() for n, g in grads.items()):.2e}")
+    assert (micro.policy_tokens, micro.masked_tokens, micro.closure_terms, micro.total_turns) == (
+        whole.policy_tokens, whole.masked_tokens, whole.closure_terms, whole.total_turns)
+    assert micro.loss == pytest.approx(whole.loss, rel=1e-5, abs=1e-7)
+    assert micro.closure_loss == pytest.approx(whole.closure_loss, rel=1e-5)
+    real = whole.batch.attention_mask.bool()  # a micro-batch is cut to its own longest rollout: no pads' values
+    assert torch.allclose(micro.logp_new[real], whole.logp_new[real], atol=RECOMPUTE_ATOL)
+    assert torch.allclose(micro.closure_logprobs, whole.closure_logprobs, atol=RECOMPUTE_ATOL)
+    assert grads.keys() == micro_grads.keys() and grads
+    for name, grad in grads.items():
+        assert torch.allclose(micro_grads[name], grad, rtol=1e-4, atol=1e-6), name

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -191,6 +191,44 @@ def batch_loss(batch: RLBatch, logp_new: torch.Tensor, closure: torch.Tensor, co
     )
 
 
+def _rows(batch: RLBatch, start: int, stop: int) -> RLBatch:
+    """Rows start..stop of `batch`, cut to their longest sequence, without closure contexts."""
+    width = int(batch.attention_mask[start:stop].sum(dim=1).max())
+    cut = (slice(start, stop), slice(0, width))
+    return replace(batch, input_ids=batch.input_ids[cut], attention_mask=batch.attention_mask[cut],
+                   policy_mask=batch.policy_mask[cut], skipped_mask=batch.skipped_mask[cut],
+                   logp_old=batch.logp_old[cut], advantages=batch.advantages[start:stop],
+                   rewards=batch.rewards[start:stop], closure_turns=[])
+
+
+def accumulated_backward(run, batch: RLBatch, config: RLConfig, micro: int, policy_tokens: int, total_turns: int
+                         ) -> tuple[float, torch.Tensor, torch.Tensor]:
+    """The batch's loss, forward and backward `micro` rollouts (then `micro` closure contexts) at a
+    time, gradients accumulated: the loss is a sum over rows and over closure terms with the whole
+    batch's denominators (N_policy, T_total), so the parts add up to the one-forward loss and
+    gradient. Memory is one micro-batch's activations. Returns (loss, logp_new [R, L], closure [S])."""
+    device = next(run.model.parameters()).device
+    no_closure = torch.zeros(0, device=device)
+    rows, width = batch.input_ids.shape
+    total, logps, closures = 0.0, [], []
+    for start in range(0, rows, micro):
+        part = _rows(batch, start, start + micro)
+        logp = policy_logprobs(run.model, part)
+        loss = batch_loss(part, logp, no_closure, config, policy_tokens, total_turns)
+        run.backward(loss)
+        total += float(loss.detach())
+        logps.append(torch.nn.functional.pad(logp.detach().cpu(), (0, width - logp.shape[1])))
+    for start in range(0, len(batch.closure_turns), micro):
+        cut = slice(start, start + micro)
+        logp = token_logprobs(run.model, batch.closure_input_ids[cut], batch.closure_attention_mask[cut])
+        closure = (logp * batch.closure_target_mask[cut].to(logp.device)).sum(dim=1)
+        loss = config.closure_weight * (-closure.sum() / max(int(total_turns), 1))
+        run.backward(loss)
+        total += float(loss.detach())
+        closures.append(closure.detach().cpu())
+    return total, torch.cat(logps), torch.cat(closures) if closures else no_closure.cpu()
+
+
 def make_optimizer(model, config: RLConfig) -> torch.optim.Optimizer:
     return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.lr,
                              weight_decay=config.weight_decay)
@@ -252,19 +290,23 @@ def update_from_rollouts(
     grad_norms: list[float] = list(run.history.get("grad_norms", []))
     logged_logp, logged_closure = None, None
     closure_term = first_loss = None  # of the first step this call runs
+    micro = config.micro_batch if run.world_size == 1 else 0  # launched processes: their share in one forward
     for step in range(run.start_step, config.inner_steps):
-        logp_new = policy_logprobs(run.model, batch)
-        closure = closure_logprobs(run.model, batch)
-        loss = (batch_loss(batch, logp_new, closure, config, policy_tokens, total_turns) if run.world_size > 1
-                else batch_loss(batch, logp_new, closure, config))
-        if closure_terms and not batch.closure_turns:  # the others run a closure forward: keep in step
-            loss = loss + run.idle_loss(pad_id)
+        run.optimizer.zero_grad(set_to_none=True)
+        if micro and max(len(rows), len(batch.closure_turns)) > micro:
+            step_loss, logp_new, closure = accumulated_backward(run, batch, config, micro, policy_tokens, total_turns)
+            loss = torch.tensor(step_loss)
+        else:
+            logp_new = policy_logprobs(run.model, batch)
+            closure = closure_logprobs(run.model, batch)
+            loss = batch_loss(batch, logp_new, closure, config, policy_tokens, total_turns)
+            if closure_terms and not batch.closure_turns:  # the others run a closure forward: keep in step
+                loss = loss + run.idle_loss(pad_id)
+            run.backward(loss * run.world_size)  # the processes' gradients are averaged
         if logged_logp is None:
             logged_logp, logged_closure = logp_new.detach().cpu(), closure.detach().cpu()
             closure_term = -run.all_reduce_sum(float(closure.detach().sum()))[0] / max(total_turns, 1)
             first_loss = run.all_reduce_sum(float(loss.detach()))[0]
-        run.optimizer.zero_grad(set_to_none=True)
-        run.backward(loss * run.world_size)  # the processes' gradients are averaged
         grad_norms.append(run.clip_and_step(config.max_grad_norm, clear=False))  # the update's gradients stay readable
         losses.append(run.all_reduce_sum(float(loss.detach()))[0])
         run.after_step(step + 1, config.inner_steps, {"losses": losses, "grad_norms": grad_norms})
