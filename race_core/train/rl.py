@@ -273,8 +273,13 @@ def update_from_rollouts(
     pad_id = pad_token_id(tokenizer)
     advantages = grpo_advantages([r.reward for r in rollouts], [r.group for r in rollouts])
     rows = list(range(len(rollouts)))[process_rank()::processes]  # this process's rollouts
-    covers = (cover_rollouts([rollouts[i] for i in rows], HFScorer(model, tokenizer, renderer=renderer), epsilon)
-              if config.cover_aware else {})  # plain GRPO: every generated token in the loss, no closure
+    covers: dict = {}  # plain GRPO: every generated token in the loss, no closure
+    if config.cover_aware:
+        scorer = HFScorer(model, tokenizer, renderer=renderer)
+        try:
+            covers = cover_rollouts([rollouts[i] for i in rows], scorer, epsilon)
+        finally:
+            scorer.close()  # its kept prefixes (up to half the free memory) are gone before the update's forward
     run = TrainRun(model, optimizer, options, micro_batch=len(rows))
     if run.world_size > 1:  # every process learns every cover decision (the report counts them all)
         gathered = run.gather_objects([(rows[i], cover) for i, cover in covers.items()])
