@@ -106,7 +106,7 @@ def warm_hf_scorers(model, tokenizer, renderer: Renderer, trajectories: Sequence
 
     for trajectory in trajectories:
         renderer.render(trajectory)
-    return partial(HFScorer, model, tokenizer, renderer=renderer)
+    return partial(HFScorer, model, tokenizer, renderer=renderer, forward_overhead="measure")  # this device's price
 
 
 # -- decisions: what must not depend on the method ---------------------------------------------

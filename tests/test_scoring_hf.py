@@ -184,10 +184,12 @@ def test_a_negative_forward_overhead_is_refused(tiny_policy):
 
 
 def test_the_overhead_is_measured_once_per_model_as_a_power_of_two(tiny_policy, monkeypatch):
-    from race_core.scoring.plan import measure_overhead
+    from race_core.scoring.plan import CPU_OVERHEAD, measure_overhead
 
     model, tokenizer = tiny_policy
-    scorer = HFScorer(model, tokenizer)
+    default = HFScorer(model, tokenizer)  # the pipeline's: the device type's figure, the same plan on every CPU
+    assert default.cost.overhead == CPU_OVERHEAD and default.stats.extra["overhead_measured"] is False
+    scorer = HFScorer(model, tokenizer, forward_overhead="measure")
     overhead = scorer.stats.extra["forward_overhead"]
     assert scorer.stats.extra["overhead_measured"] is True and scorer.cost.overhead == overhead
     assert overhead >= 1 and float(overhead).is_integer() and int(overhead) & (int(overhead) - 1) == 0

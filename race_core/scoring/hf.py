@@ -45,7 +45,8 @@ one call without a padding mask (its padding is all on the right), which takes t
 A batch computes every row over its longest fed length and attends over its longest prefix, so the
 rows of a `score` call are cut into batches by what each forward costs on the device: padded
 positions, attention pairs and a fixed price per call of the model (`race_core.scoring.plan`; the
-price measured once per model and device, or given as `forward_overhead`). The scorer counts its
+price a fixed figure per device type, measured once per model with `forward_overhead="measure"`,
+or given). The scorer counts its
 work (`ScorerStats`, a `WorkCounters`): forwards, rows, fed and padded positions, attention pairs,
 mask and KV bytes, evictions.
 """
@@ -65,7 +66,13 @@ from race_core.policy import pad_token_id
 from race_core.render import Rendered, Renderer
 from race_core.scoring import ScoreRequest, ScorerStats, batch_noise
 from race_core.scoring.kv import BatchCache, KeptCopies, KVCopy, Packing, Segment, compacted
-from race_core.scoring.plan import ForwardCost, attention_weight, measure_overhead, plan_batches
+from race_core.scoring.plan import (
+    ForwardCost,
+    attention_weight,
+    default_overhead,
+    measure_overhead,
+    plan_batches,
+)
 
 MAX_SEQUENCES_PER_KEY = 3
 
@@ -163,7 +170,7 @@ class HFScorer:
 
     def __init__(self, model, tokenizer, *, batch_size: int = 8, prefix_reuse: bool = True,
                  renderer: Renderer | None = None, max_batch_tokens: int = 65536, chunk_tokens: int = 128,
-                 kv_budget: int = 0, forward_overhead: float | None = None):
+                 kv_budget: int = 0, forward_overhead: float | str | None = None):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.renderer = renderer or Renderer(tokenizer)
@@ -173,8 +180,10 @@ class HFScorer:
         if chunk_tokens < 0:
             raise ValueError(f"chunk_tokens must be >= 0 (0 = feed all new tokens at once), got {chunk_tokens}")
         self.chunk_tokens = chunk_tokens
-        if forward_overhead is not None and not forward_overhead >= 0:
-            raise ValueError(f"forward_overhead must be >= 0 positions (None = measured), got {forward_overhead}")
+        if forward_overhead is not None and forward_overhead != "measure" and not (
+                isinstance(forward_overhead, int | float) and forward_overhead >= 0):
+            raise ValueError(f"forward_overhead must be >= 0 positions, 'measure' or None (the device's default), "
+                             f"got {forward_overhead!r}")
         self.device = next(model.parameters()).device
         self.pad_id = pad_token_id(tokenizer)
         # The Scorer's context limit: the positions the model was built for (None: not stated).
@@ -190,15 +199,17 @@ class HFScorer:
         self._prefixes = KeptCopies(self.kv_budget)
         self._one_batch = False  # measure_noise: every row in one forward
         self._packing: Packing | None = None  # learnt from the first forward's cache (kv.Packing)
-        # What a forward costs (plan.py): the price of a call of the model measured once per model
-        # object on its device unless given.
-        overhead = measure_overhead(model) if forward_overhead is None else float(forward_overhead)
+        # What a forward costs (plan.py): the price of a call of the model, the device type's figure
+        # unless measured (once per model object) or given.
+        measured = forward_overhead == "measure"
+        overhead = (measure_overhead(model) if measured else default_overhead(self.device) if forward_overhead is None
+                    else float(forward_overhead))
         self.cost = ForwardCost(overhead=overhead, attention=attention_weight(model.config), chunk_tokens=chunk_tokens)
         if model not in _verified:
             _verified[model] = self.verify_against_forward()
         self.stats.extra["probe"] = dict(_verified[model])
         self.stats.extra.update(kv_budget=self.kv_budget, kv_bytes_per_token=self.kv_bytes_per_token,
-                                forward_overhead=overhead, overhead_measured=forward_overhead is None)
+                                forward_overhead=overhead, overhead_measured=measured)
 
     @classmethod
     def from_pretrained(cls, checkpoint: str, *, device: str = "cpu", dtype: str = "float32", **options) -> HFScorer:
