@@ -220,8 +220,9 @@ def accumulated_backward(run, batch: RLBatch, config: RLConfig, micro: int, poli
         logps.append(torch.nn.functional.pad(logp.detach().cpu(), (0, width - logp.shape[1])))
     for start in range(0, len(batch.closure_turns), micro):
         cut = slice(start, start + micro)
-        logp = token_logprobs(run.model, batch.closure_input_ids[cut], batch.closure_attention_mask[cut])
-        closure = (logp * batch.closure_target_mask[cut].to(logp.device)).sum(dim=1)
+        closure = closure_logprobs(run.model, replace(
+            batch, closure_input_ids=batch.closure_input_ids[cut], closure_attention_mask=batch.closure_attention_mask[cut],
+            closure_target_mask=batch.closure_target_mask[cut], closure_turns=batch.closure_turns[cut]))
         loss = config.closure_weight * (-closure.sum() / max(int(total_turns), 1))
         run.backward(loss)
         total += float(loss.detach())
