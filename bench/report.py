@@ -79,7 +79,7 @@ def format_real_table(run: dict[str, Any]) -> str:
     lines += ["", format_work(run), ""]
     lines.append(f"work bound: {bound['tokens']:,} tokens at the raw forward's {bound['forward_tokens_per_s']:,.0f} "
                  f"tokens/s ({bound['forward_tokens_per_cpu_s']:,.0f} per CPU s; {bound['throughput_rows']} rows "
-                 f"in one batch), measured just before hf; each method's ratios use the measurement just before it")
+                 f"in one batch), the fastest of the raw forwards timed just before each method; every ratio uses it")
     lines.append(f"decisions identical across methods: {run['decisions_identical']} "
                  f"({format_comparison(run['decisions_compared'])}); scorer noise {run['scorer_noise']:.2e}")
     if run["rejects"]:
