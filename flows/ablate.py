@@ -74,7 +74,10 @@ PRESETS = {
     # operations, where a 135M model learns to play in one short SFT (it reached 5 of 64 on two-part ones)
     "cpu": AblatePreset(
         "cpu", replace(_REAL, **{"rl.iterations": 4, "rl.tasks_per_iteration": 8, "evaluate.tasks": 64,
-                                 "rl.shape": "random", "evaluate.shape": "random"}),
+                                 "rl.shape": "random", "evaluate.shape": "random",
+                                 # a 135M model's update holds ~2 GiB of activations per 1,000 tokens of a
+                                 # rollout in float32: 8 rollouts of ~1,300 tokens did not fit in 24 GiB
+                                 "rl.micro_batch": 2}),
         seeds=(0,), input_tasks=64, epsilons=EPSILON_SWEEP,
         bootstrap=AgentBootstrapConfig(shape="random", expert_tasks=256),
         left_out="SFT seeds 1 and 2; 64 input tasks (not 256), 64 held-out tasks (not 200), 4 RL iterations of "

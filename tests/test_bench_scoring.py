@@ -92,8 +92,11 @@ def test_bench_report_structure_and_identical_decisions(report):
         assert {"name", "wall_s", "tokens_processed", "speedup_vs_naive", "time_vs_bound"} <= set(m)
         assert m["speedup_vs_naive"] > 0 and m["time_vs_bound"] > 0 and m["wall_s"] > 0
     assert run["bound"]["wall_s"] > 0
-    for m in methods.values():  # the raw forward is measured again before each method
-        assert m["bound_wall_s"] > 0 and m["time_vs_bound"] == pytest.approx(m["wall_s"] / m["bound_wall_s"])
+    fastest = max(m["forward_tokens_per_s_before"] for m in methods.values())
+    assert run["bound"]["forward_tokens_per_s"] == fastest  # measured before each method; the bound: the fastest
+    for m in methods.values():
+        assert m["bound_wall_s"] == run["bound"]["wall_s"] == pytest.approx(run["bound"]["tokens"] / fastest)
+        assert m["time_vs_bound"] == pytest.approx(m["wall_s"] / m["bound_wall_s"])
         assert m["work"]["tokens_processed"] == m["tokens_processed"]  # all ran on all 4: nothing scaled
     assert methods["hf"]["forward_overhead"] >= 1 and methods["hf"]["overhead_measured"] is True
     assert "vllm skipped" in " ".join(run["notes"])
@@ -297,6 +300,28 @@ def test_a_record_keeps_commit_machine_and_figures_and_compares_and_tables(real_
     assert f"| [1] | {run['model']} | 6 | {run['T']} | hf | " in table
     assert f"| [1] | {run['model']} | 6 | {run['T']} | work bound | " in table
     assert f"[1] `{path.name}`: {kept['machine']['processor']}" in table and kept["commit"][:8] in table
+
+
+def test_a_record_from_before_the_fastest_bound_is_read_with_it(tmp_path):
+    """Records written when each method's ratio used its own raw-forward measurement (a hand-made one
+    here) are read with the bound every method now shares: the fastest measurement."""
+    from bench import records
+
+    old = {"runs": [{"model": "m", "N": 4, "T": 2, "bound": {
+        "tokens": 1000, "wall_s": 2.0, "forward_tokens_per_s": 500.0, "cpu_s": 4.0, "forward_tokens_per_cpu_s": 250.0,
+        "measured": "just before each method (its own bound_wall_s, bound_cpu_s); this row: hf's"}, "methods": [
+        {"name": "hf", "wall_s": 2.0, "cpu_s": 4.0, "time_vs_bound": 1.0, "cpu_vs_bound": 1.0, "bound_wall_s": 2.0,
+         "bound_cpu_s": 4.0},
+        {"name": "naive", "wall_s": 6.0, "cpu_s": 12.0, "time_vs_bound": 3.75, "cpu_vs_bound": 3.75,
+         "bound_wall_s": 1.6, "bound_cpu_s": 3.2}]}]}
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    (run,) = records.read(path)["runs"]
+    hf, naive = run["methods"]
+    assert run["bound"]["wall_s"] == hf["bound_wall_s"] == naive["bound_wall_s"] == 1.6
+    assert (hf["time_vs_bound"], naive["time_vs_bound"]) == (pytest.approx(1.25), pytest.approx(3.75))
+    assert (hf["cpu_vs_bound"], run["bound"]["forward_tokens_per_s"]) == (pytest.approx(1.25), 625.0)
+    assert hf["forward_tokens_per_s_before"] == 500.0 and json.loads(path.read_text()) == old  # the file as it was
 
 
 def test_a_file_that_is_not_a_record_is_named(tmp_path):
