@@ -93,6 +93,16 @@ def preset_for(checkpoint: str, device: str) -> str:
     return "gpu" if device.startswith("cuda") else "cpu"
 
 
+def _command(home: str, out: str, checkpoint: str, preset: str, epsilons: tuple[float, ...]) -> str:
+    """The `race ablate` line that reruns this ablation (the preset names the rest of the settings)."""
+    words = ["race ablate", f"--home {home}", f"--out {out}"]
+    if checkpoint:
+        words += [f"--checkpoint {checkpoint}", f"--preset {preset}"] if preset else [f"--checkpoint {checkpoint}"]
+    if len(epsilons) == 1:
+        words.append(f"--epsilon {epsilons[0]:g}")
+    return " ".join(words)
+
+
 def _metrics(evaluated: dict[str, Any], policy: PolicyRef | dict[str, Any]) -> dict[str, Any]:
     m = evaluated["metrics"]
     return {"success_rate": m["success_rate"], "reasoning_tokens_per_episode": m["reasoning_tokens_per_episode"],
@@ -214,7 +224,7 @@ def race_ablate(home: str = ".race", out: str = "runs/ablate", seeds: tuple[int,
         "epsilon_choice": chosen,
         "rl_diagnostics": diagnostics,  # per RL run, per iteration: loss terms, masked tokens, closure terms
         "computed": sum(not m["cached"] for m in manifests),  # stages computed by this run (0: all cached)
-        "run": {"command": f"race ablate --out {out}", "preset": preset, "left_out": left_out, "seeds": list(seeds),
+        "run": {"command": _command(home, out, config.checkpoint, preset, epsilons), "preset": preset, "left_out": left_out, "seeds": list(seeds),
                 "arms": list(arms),
                 "epsilon": eps, "policy_digest": base.digest, "inputs": paths, "store": store,
                 "rl_iterations": config.rl.iterations,

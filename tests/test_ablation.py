@@ -77,6 +77,14 @@ def test_the_local_only_cover_checks_only_the_turns_own_action(two_part):
         assert local.audit[0]["max_drop"] == pytest.approx(1.0)  # the later drop is still measured
 
 
+def test_the_recorded_command_reruns_the_ablation():
+    """ablation.json's command names what the preset does not: the home, the checkpoint, the preset, a given ε."""
+    from flows.ablate import _command
+
+    assert _command("h", "o", "ckpt", "cpu", (0.3,)) == "race ablate --home h --out o --checkpoint ckpt --preset cpu --epsilon 0.3"
+    assert _command("h", "o", "", "", (0.003, 0.01)) == "race ablate --home h --out o"
+
+
 def test_the_ablation_flow_caches_every_arm(prefect_harness, smoke_policy, tmp_path):
     from flows.ablate import race_ablate
     from race_core.config import CoverConfig, EvalConfig, PipelineConfig, RLConfig, SFTConfig
@@ -105,6 +113,7 @@ def test_the_ablation_flow_caches_every_arm(prefect_harness, smoke_policy, tmp_p
         assert abs(tokens - round(tokens)) < 1e-9
         assert ("rl" in entry and "grpo" in entry) == (entry["arm"] == "race")
     assert (out / "ablation.png").stat().st_size > 0 and "| race |" in (out / "report.md").read_text()
+    assert written["run"]["command"] == f"race ablate --home {home} --out {out} --checkpoint {smoke_policy}"
 
     store = ArtifactStore(str(home / "store"))
     arms = {arm: {t.id: t for t in iter_trajectories(store, digest, "compressed")}
