@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import bisect
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
@@ -278,11 +278,13 @@ def run_rollouts(
     max_turns: int = DEFAULT_MAX_TURNS,
     first_group: int = 0,
     agent: AgentPrompt | None = None,
+    progress: Callable[[int, int, int], None] | None = None,
 ) -> list[Rollout]:
     """Play `group_size` episodes of every task; one sampler call per step over all unfinished
     episodes. Rollouts come back task-major: tasks[0] sample 0..G-1, tasks[1] ..., with `group`
     = `first_group` + the task's index. `agent`: the prompt to play with (default: the one the
-    renderer's tokenizer carries, `AgentPrompt.of`)."""
+    renderer's tokenizer carries, `AgentPrompt.of`). `progress(step, finished, episodes)` is called
+    after each step (a step is one turn of every unfinished episode)."""
     params = params or SamplingParams()
     agent = agent or AgentPrompt.of(renderer.tokenizer)
     episodes = [_Episode(renderer, task, first_group + k, g, max_turns, agent)
@@ -294,6 +296,8 @@ def run_rollouts(
         for episode, per_prompt in zip(active, samples, strict=True):
             episode.advance(per_prompt[0])
         step += 1
+        if progress is not None:
+            progress(step, sum(e.done for e in episodes), len(episodes))
     return [e.rollout for e in episodes]
 
 
@@ -310,6 +314,7 @@ def play_episodes(
     first_group: int = 0,
     agent: AgentPrompt | None = None,
     sampler: Sampler | None = None,
+    progress: Callable[[int, int, int], None] | None = None,
 ) -> list[Rollout]:
     """`run_rollouts` with an HFSampler over the in-memory `model` (on whatever device and dtype it
     was loaded with), or with `sampler` (another backend over the same policy, e.g. vLLM's; then
@@ -318,7 +323,7 @@ def play_episodes(
 
     if sampler is None:
         sampler = HFSampler(model, tokenizer, renderer=Renderer(tokenizer), batch_size=batch_size)
-    return run_rollouts(sampler, sampler.renderer, tasks, group_size, params, max_turns, first_group, agent)
+    return run_rollouts(sampler, sampler.renderer, tasks, group_size, params, max_turns, first_group, agent, progress)
 
 
 def training_tasks(config: RLConfig, iteration: int) -> list[CalculatorTask]:

@@ -135,8 +135,10 @@ def tools_policy(tools_checkpoint):
                                   check_samples=1, max_new_tokens=160, max_turns=3,
                                   sft=SFTConfig(lr=1e-2, steps=100, batch_size=4, warmup_steps=5, max_length=2048,
                                                 length_grouping=False))
-    report = bootstrap_agent(model, tokenizer, config)
+    lines: list[str] = []
+    report = bootstrap_agent(model, tokenizer, config, log=lines.append)
     assert report.rounds[0]["last_loss"] < report.rounds[0]["first_loss"] / 4
+    assert any(line.startswith("bootstrap check: turn 1/3, ") for line in lines)  # sampling shows its progress
     return model, tokenizer
 
 

@@ -118,8 +118,11 @@ def test_generated_tokens_between_the_markers_are_reasoning(smoke_rollouts):
 def test_malformed_generations_are_invalid_actions_that_use_the_budget(random_policy):
     model, tokenizer, renderer = random_policy
     sampler = HFSampler(model, tokenizer, renderer=renderer)
+    steps = []
     rollouts = run_rollouts(sampler, renderer, generate_tasks(2, 5), 1, SamplingParams(max_new_tokens=24, seed=0),
-                            max_turns=3)
+                            max_turns=3, progress=lambda *step: steps.append(step))
+    assert steps[-1] == (len(steps), 2, 2) and len(steps) <= 3  # one report per turn, the last: all finished
+    assert [s[0] for s in steps] == list(range(1, len(steps) + 1)) and all(s[1] < 2 for s in steps[:-1])
     for rollout in rollouts:
         _check_tags(rollout, renderer)
         assert len(rollout.turns) == 3 and not rollout.success and rollout.reward == 0.0

@@ -111,9 +111,15 @@ def _episode_figures(rollouts: list[Rollout]) -> dict[str, Any]:
 
 
 def play(model, tokenizer, tasks, samples: int, config: AgentBootstrapConfig, seed: int,
-         agent: AgentPrompt | None = None) -> list[Rollout]:
+         agent: AgentPrompt | None = None, log: Log = _quiet, label: str = "") -> list[Rollout]:
     params = SamplingParams(temperature=config.temperature, max_new_tokens=config.max_new_tokens, seed=seed)
-    return play_episodes(model, tokenizer, tasks, samples, params, config.max_turns, agent=agent)
+    started = time.perf_counter()
+
+    def progress(step: int, finished: int, episodes: int) -> None:  # a turn of every open episode can take minutes
+        log(f"bootstrap {label}: turn {step}/{config.max_turns}, {finished}/{episodes} episodes finished, "
+            f"elapsed {time.perf_counter() - started:.0f} s")
+
+    return play_episodes(model, tokenizer, tasks, samples, params, config.max_turns, agent=agent, progress=progress)
 
 
 def demonstrated(agent: AgentPrompt, renderer: Renderer, config: AgentBootstrapConfig) -> AgentPrompt:
@@ -168,7 +174,8 @@ def bootstrap_agent(model, tokenizer, config: AgentBootstrapConfig = AgentBootst
         for k in range(config.rounds):
             seed = config.seed + 1000 * (k + 1)
             tasks = generate_tasks(config.round_tasks, seed, config.difficulty, split="train", shape=config.shape)
-            rollouts = play(model, tokenizer, tasks, config.round_samples, config, seed, prompted)
+            rollouts = play(model, tokenizer, tasks, config.round_samples, config, seed, prompted, log,
+                            f"round {k + 1}/{config.rounds} sampling")
             kept: dict[str, Trajectory] = {}
             for rollout in rollouts:
                 if (played := rollout.to_trajectory()) is not None:  # trained without the demonstrations
@@ -184,7 +191,7 @@ def bootstrap_agent(model, tokenizer, config: AgentBootstrapConfig = AgentBootst
     check_tasks = generate_tasks(config.check_tasks, config.seed + _CHECK_SEED_OFFSET, config.difficulty,
                                  split="train", shape=config.shape)
     check = _episode_figures(play(model, tokenizer, check_tasks, config.check_samples, config,
-                                  config.seed + _CHECK_SEED_OFFSET))
+                                  config.seed + _CHECK_SEED_OFFSET, log=log, label="check"))
     log(f"bootstrap check: {check['succeeded']} of {check['episodes']} fresh on-policy episodes succeeded")
     return AgentBootstrapReport(recipe=config.recipe, agent={"system": agent.system, "tools": list(agent.tools),
                                                              "actions": agent.actions},
