@@ -162,3 +162,34 @@ def test_a_policy_fitted_in_tool_form_plays_episodes_whose_ids_are_the_renderers
         trajectory = rollout.to_trajectory()
         assert trajectory is None or (trajectory.tools == CALCULATOR_TOOLS and trajectory.system == agent.system)
     assert exact >= 1 and any(r.success for r in rollouts)
+
+
+def test_expert_iteration_samples_its_rounds_keeps_what_the_judge_accepts_and_trains_the_plain_prompt(tools_policy):
+    """The expert-iteration recipe on a copy of the fitted tiny policy: one round of 4 tasks x 2 samples,
+    SFT on the episodes the judge accepted. (Without demonstrations: the tiny policy was fitted to the
+    bare system message and writes nothing well-formed under a longer one; they are checked apart.)"""
+    import copy
+
+    from race_core.train.checkpoint_bootstrap import demonstrated
+
+    model, tokenizer = (copy.deepcopy(x) for x in tools_policy)  # the recipe trains in place
+    plain = AgentPrompt.of(tokenizer)
+    config = AgentBootstrapConfig(recipe="expert-iteration", shape="random", difficulty=1, reasoning_kinds=False,
+                                  rounds=1, round_tasks=4, round_samples=2, demonstrations=0, check_tasks=1,
+                                  check_samples=1, max_new_tokens=160, max_turns=3, temperature=0.2,
+                                  seed=3 - 1000,  # round 1 plays the tasks of seed 3: the ones the policy was fitted to
+                                  sft=SFTConfig(lr=1e-3, steps=4, batch_size=4, max_length=2048,
+                                                length_grouping=False))
+    lines: list[str] = []
+    report = bootstrap_agent(model, tokenizer, config, log=lines.append)
+    (entry,) = report.rounds
+    assert (entry["data"], entry["round"], entry["sampled"]["episodes"]) == ("own", 1, 8)
+    assert 0 < entry["trajectories"] <= entry["sampled"]["succeeded"]  # kept: the judge's successes, deduplicated
+    assert entry["steps"] == 4 and entry["last_loss"] < entry["first_loss"]
+    assert report.check["episodes"] == 1 and AgentPrompt.of(tokenizer) == plain
+    shown = demonstrated(plain, Renderer(tokenizer), replace(config, demonstrations=2))
+    assert shown.system.startswith(plain.system + "\n\nAn example of a whole task:\n")
+    assert shown.system.count("Task: ") == 2 and shown.tools == plain.tools
+    assert any(line.startswith("bootstrap round 1/1 sampling: turn 1/3, ") for line in lines)
+    assert any(line.startswith("bootstrap round 1/1: ") and line.endswith(f"{entry['trajectories']} kept")
+               for line in lines)
