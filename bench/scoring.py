@@ -91,7 +91,8 @@ def run_method(name: str, scorer: Scorer, trajectories: Sequence[Trajectory], n_
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     scale = n_total / len(trajectories)
     work = (scorer.stats.work() - before).counts()
-    facts = {k: scorer.stats.extra[k] for k in ("forward_overhead", "overhead_measured") if k in scorer.stats.extra}
+    facts = {k: scorer.stats.extra[k] for k in ("forward_overhead", "overhead_measured", "freed_memory_kept")
+             if k in scorer.stats.extra}
     return MethodRun(name, wall * scale, cpu * scale, round(work["tokens_processed"] * scale),
                      len(trajectories), results, work=work, scorer_facts=facts)
 

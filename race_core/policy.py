@@ -86,8 +86,15 @@ def load_tokenizer(checkpoint: str | Path):
 
 
 def load_policy(checkpoint: str | Path, device: str = "cpu", dtype: str = "float32"):
-    """(model, tokenizer) from a local `save_pretrained` folder, in eval mode on `device`."""
+    """(model, tokenizer) from a local `save_pretrained` folder, in eval mode on `device`. On a CPU
+    the process keeps freed memory for its next forward (`memory.keep_freed_memory`)."""
+    import torch
     from transformers import AutoModelForCausalLM
+
+    from race_core.memory import keep_freed_memory
+
+    if torch.device(device).type == "cpu":
+        keep_freed_memory()
 
     path = check_checkpoint_dir(checkpoint)
     model = AutoModelForCausalLM.from_pretrained(
