@@ -87,6 +87,50 @@ def bound_tokens(renderer: Renderer, results: Sequence[CoverResult]) -> int:
     return total
 
 
+def bound_targets(renderer: Renderer, results: Sequence[CoverResult]) -> int:
+    """Action tokens the exact cover must score, each through the model's head: every action of each
+    trajectory, then for each candidate its actions from the turn it removed reasoning at."""
+    total = 0
+    for result in results:
+        current = result.original
+        total += sum(end - start for start, end in renderer.render(current).action_spans)
+        for t in range(1, len(current.turns)):
+            if not current.turns[t].reasoning:
+                continue
+            candidate = current.without_reasoning(t)
+            total += sum(end - start for start, end in renderer.render(candidate).action_spans[t:])
+            if t in result.skipped_turns:
+                current = candidate
+    return total
+
+
+def head_throughput(model, rows: int = 512, repeats: int = 3) -> float:
+    """Scored tokens per wall second of the scorer's head step alone (`head_logits`, log-softmax,
+    gather) over `rows` hidden states: the part of scoring the raw forward leaves out; the best of
+    `repeats` after one warm-up."""
+    import torch
+
+    from race_core.scoring.hf import head_logits
+
+    device = next(model.parameters()).device
+    hidden_size = model.get_input_embeddings().weight.shape[1]
+    vocab = model.get_output_embeddings().weight.shape[0]
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(rows, hidden_size, generator=generator).to(device, next(model.parameters()).dtype)
+    targets = torch.randint(0, vocab, (rows, 1), generator=generator).to(device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    best = float("inf")
+    with torch.inference_mode():
+        for i in range(repeats + 1):
+            sync()
+            start = time.perf_counter()
+            torch.log_softmax(head_logits(model, hidden).float(), dim=-1).gather(1, targets)
+            sync()
+            if i:  # the first is the warm-up
+                best = min(best, time.perf_counter() - start)
+    return rows / best
+
+
 def forward_throughput(model, renderer: Renderer, trajectories: Sequence[Trajectory], batch_size: int,
                        repeats: int = 3) -> tuple[float, float]:
     """Raw tokens per wall second and per CPU second of one batched forward (decoder only, no

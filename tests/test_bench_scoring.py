@@ -11,7 +11,7 @@ import re
 from dataclasses import replace
 
 import pytest
-from work_bound import bound_tokens, full_forward_tokens, naive_tokens
+from work_bound import bound_tokens, full_forward_tokens, head_targets, naive_tokens
 
 from bench.baselines import NaiveScorer
 from bench.cli import add_bench_parser
@@ -131,6 +131,13 @@ def test_each_method_feeds_the_tokens_its_algorithm_implies(report, tiny_checkpo
     methods = {m["name"]: m for m in run["methods"]}
     bound = bound_tokens(renderer, results)
     assert run["bound"]["tokens"] == bound
+    # what the bound's raw forward leaves out: the head over the scored action tokens
+    assert run["bound"]["head_targets"] == head_targets(renderer, results) > 0
+    assert run["bound"]["head_wall_s"] == pytest.approx(run["bound"]["head_targets"] / run["bound"]["head_tokens_per_s"])
+    for m in methods.values():
+        with_head = m["wall_s"] / (run["bound"]["wall_s"] + run["bound"]["head_wall_s"])
+        assert m["time_vs_bound_with_head"] == pytest.approx(with_head) and with_head < m["time_vs_bound"]
+    assert "against the bound with the head, hf " in format_table(run)
     assert methods["hf"]["tokens_processed"] == bound  # prefix reuse feeds exactly the bound
     assert methods["hf+early-reject"]["tokens_processed"] < bound
     assert methods["full-forward"]["tokens_processed"] == full_forward_tokens(renderer, results)

@@ -53,3 +53,15 @@ def naive_tokens(renderer: Renderer, results) -> int:
     the end of that turn's action."""
     return sum(end for original, pairs in held_and_candidates(results)
                for x in (original, *(c for c, _ in pairs)) for _, end in renderer.render(x).action_spans)
+
+
+def head_targets(renderer: Renderer, results) -> int:
+    """Action tokens scored through the head: every action of each trajectory, then each candidate's
+    actions from the turn whose reasoning it removed."""
+    total = 0
+    for original, pairs in held_and_candidates(results):
+        total += sum(end - start for start, end in renderer.render(original).action_spans)
+        for candidate, held in pairs:
+            turn = next(t for t, (a, b) in enumerate(zip(candidate.turns, held.turns, strict=True)) if a != b)
+            total += sum(end - start for start, end in renderer.render(candidate).action_spans[turn:])
+    return total
