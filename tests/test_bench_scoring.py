@@ -304,7 +304,9 @@ def test_a_record_keeps_commit_machine_and_figures_and_compares_and_tables(real_
     readme.write_text("no markers\n")
     with pytest.raises(ValueError, match="needs one line"):
         records.replace_table(readme, table)
-    assert f"| [1] | {run['model']} | 6 | {run['T']} | hf | " in table
+    hf = next(m for m in run["methods"] if m["name"] == "hf")
+    assert (f"| [1] | {run['model']} | 6 | {run['T']} | hf | {hf['wall_s']:,.2f} | {hf['time_vs_bound']:.2f}x | "
+            f"{hf['time_vs_bound_with_head']:.2f}x | ") in table
     assert f"| [1] | {run['model']} | 6 | {run['T']} | work bound | " in table
     assert f"[1] `{path.name}`: {kept['machine']['processor']}" in table and kept["commit"][:8] in table
 
