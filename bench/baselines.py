@@ -1,5 +1,7 @@
 """What our scorers are measured against: the prototype's naive scorer, the tokens the exact cover
-must compute (the work bound), and the model's raw forward throughput that turns it into seconds.
+must compute (the work bound), and the model's raw forward throughput that turns it into seconds;
+beside it, the action tokens the cover scores and the head's throughput over them, which the raw
+forward (decoder only) leaves out.
 
 The other baseline, `full-forward`, is our own scorer with batching and prefix reuse off
 (`HFScorer(batch_size=1, prefix_reuse=False)`); `bench.scoring` builds it."""
@@ -7,7 +9,7 @@ The other baseline, `full-forward`, is our own scorer with batching and prefix r
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 
 import numpy as np
 
@@ -64,26 +66,33 @@ class NaiveScorer:
         return None
 
 
+def cover_steps(results: Sequence[CoverResult]) -> Iterator[tuple[Trajectory, list[tuple[int, Trajectory, Trajectory]]]]:
+    """For each cover result: the trajectory as first held, and for each candidate in turn order
+    (turn, the trajectory as held when it was scored, the candidate), replaying the accepted removals."""
+    for result in results:
+        held, steps = result.original, []
+        for t in range(1, len(held.turns)):
+            if not held.turns[t].reasoning:
+                continue
+            candidate = held.without_reasoning(t)
+            steps.append((t, held, candidate))
+            if t in result.skipped_turns:
+                held = candidate
+        yield result.original, steps
+
+
 def bound_tokens(renderer: Renderer, results: Sequence[CoverResult]) -> int:
     """Tokens the exact cover must compute: each trajectory once up to its last action, then for each
     candidate the suffix after the prefix it shares with the trajectory as held at that point."""
     total = 0
-    for result in results:
-        current = result.original
-        held = renderer.render(current)
-        total += held.action_spans[-1][1]
-        accepted = set(result.skipped_turns)
-        for t in range(1, len(current.turns)):
-            if not current.turns[t].reasoning:
-                continue
-            candidate = current.without_reasoning(t)
-            x = renderer.render(candidate)
+    for original, steps in cover_steps(results):
+        total += renderer.render(original).action_spans[-1][1]
+        for _, held, candidate in steps:
+            before, x = renderer.render(held), renderer.render(candidate)
             end = x.action_spans[-1][1]
-            n = min(len(held), end)
-            mismatch = np.flatnonzero(held.input_ids[:n] != x.input_ids[:n])
+            n = min(len(before), end)
+            mismatch = np.flatnonzero(before.input_ids[:n] != x.input_ids[:n])
             total += end - (int(mismatch[0]) if mismatch.size else n)
-            if t in accepted:
-                current, held = candidate, x
     return total
 
 
@@ -91,16 +100,10 @@ def bound_targets(renderer: Renderer, results: Sequence[CoverResult]) -> int:
     """Action tokens the exact cover must score, each through the model's head: every action of each
     trajectory, then for each candidate its actions from the turn it removed reasoning at."""
     total = 0
-    for result in results:
-        current = result.original
-        total += sum(end - start for start, end in renderer.render(current).action_spans)
-        for t in range(1, len(current.turns)):
-            if not current.turns[t].reasoning:
-                continue
-            candidate = current.without_reasoning(t)
+    for original, steps in cover_steps(results):
+        total += sum(end - start for start, end in renderer.render(original).action_spans)
+        for t, _, candidate in steps:
             total += sum(end - start for start, end in renderer.render(candidate).action_spans[t:])
-            if t in result.skipped_turns:
-                current = candidate
     return total
 
 

@@ -17,7 +17,9 @@ model's raw forward throughput: one long batched forward is timed right before e
 the bound takes the fastest of these measurements, for every method. (Each method's ratio once used
 the measurement just before it, for the same load on a shared machine; but a process's first
 measurement ran up to 25% slower than the later ones even on a quiet machine, which put hf, timed
-first, below a bound it had not reached. The per-method measurements stay in the report.) Early rejection scores
+first, below a bound it had not reached. The per-method measurements stay in the report.) The raw
+forward times the decoder alone: the head over the action tokens the cover scores is timed apart
+(`head_throughput`), and each method's time is also given against the bound plus that head time. Early rejection scores
 fewer tokens than that bound; it is reported on the synthetic workload and on the demo's calculator
 data. Each method also records its work counters (`race_core.scoring.WorkCounters`: forwards, rows,
 fed and padded positions, attention pairs, KV bytes copied, evictions), which do not depend on the

@@ -185,8 +185,8 @@ class HFScorer:
             raise ValueError(f"forward_overhead must be >= 0 positions, 'measure' or None (the device's default), "
                              f"got {forward_overhead!r}")
         self.device = next(model.parameters()).device
-        if self.device.type == "cpu":  # a model built by the caller, not load_policy (memory.py)
-            keep_freed_memory()
+        # a model built by the caller, not load_policy, gets it too (memory.py); None: not a CPU
+        freed_memory_kept = keep_freed_memory() if self.device.type == "cpu" else None
         self.pad_id = pad_token_id(tokenizer)
         # The Scorer's context limit: the positions the model was built for (None: not stated).
         self.max_length: int | None = getattr(model.config.get_text_config(), "max_position_embeddings", None)
@@ -210,7 +210,7 @@ class HFScorer:
         if model not in _verified:
             _verified[model] = self.verify_against_forward()
         self.stats.extra["probe"] = dict(_verified[model])
-        self.stats.extra.update(freed_memory_kept=keep_freed_memory() if self.device.type == "cpu" else None,
+        self.stats.extra.update(freed_memory_kept=freed_memory_kept,
                                 kv_budget=self.kv_budget, kv_bytes_per_token=self.kv_bytes_per_token,
                                 forward_overhead=overhead, overhead_measured=measured)
 
