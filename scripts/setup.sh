@@ -12,10 +12,8 @@ PY=${PYTHON:-python3}
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 
-pip_quiet() {
-  # pip with its "is ignored" notices hidden; the status is pip's (grep finding no other line is fine)
-  "${PIP[@]}" "$@" 2>&1 | { grep -v "is ignored" || true; }
-}
+# pip_quiet: pip with its "is ignored" notices hidden, retried when the network fails it.
+source scripts/pip_retry.sh
 
 pip_quiet install --upgrade pip || { echo "upgrading pip failed" >&2; exit 1; }
 # CPU torch first: a plain `torch` requirement would otherwise pull a multi-GB CUDA build.
