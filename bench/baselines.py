@@ -9,7 +9,7 @@ The other baseline, `full-forward`, is our own scorer with batching and prefix r
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Hashable, Sequence
 
 import numpy as np
 
@@ -66,45 +66,36 @@ class NaiveScorer:
         return None
 
 
-def cover_steps(results: Sequence[CoverResult]) -> Iterator[tuple[Trajectory, list[tuple[int, Trajectory, Trajectory]]]]:
-    """For each cover result: the trajectory as first held, and for each candidate in turn order
-    (turn, the trajectory as held when it was scored, the candidate), replaying the accepted removals."""
+def bound_work(renderer: Renderer, results: Sequence[CoverResult]) -> tuple[int, int]:
+    """(tokens, action tokens) the exact cover must compute, replaying each result's accepted removals
+    and rendering each trajectory once. Tokens: each trajectory once up to its last action, then for
+    each candidate the suffix after the prefix it shares with the trajectory as held at that point.
+    Action tokens, each through the model's head: every action of each trajectory, then for each
+    candidate its actions from the turn it removed reasoning at."""
+    tokens = targets = 0
     for result in results:
-        held, steps = result.original, []
-        for t in range(1, len(held.turns)):
-            if not held.turns[t].reasoning:
+        current = result.original
+        held = renderer.render(current)
+        tokens += held.action_spans[-1][1]
+        targets += sum(end - start for start, end in held.action_spans)
+        for t in range(1, len(current.turns)):
+            if not current.turns[t].reasoning:
                 continue
-            candidate = held.without_reasoning(t)
-            steps.append((t, held, candidate))
+            candidate = current.without_reasoning(t)
+            x = renderer.render(candidate)
+            end = x.action_spans[-1][1]
+            n = min(len(held), end)
+            mismatch = np.flatnonzero(held.input_ids[:n] != x.input_ids[:n])
+            tokens += end - (int(mismatch[0]) if mismatch.size else n)
+            targets += sum(b - a for a, b in x.action_spans[t:])
             if t in result.skipped_turns:
-                held = candidate
-        yield result.original, steps
+                current, held = candidate, x
+    return tokens, targets
 
 
 def bound_tokens(renderer: Renderer, results: Sequence[CoverResult]) -> int:
-    """Tokens the exact cover must compute: each trajectory once up to its last action, then for each
-    candidate the suffix after the prefix it shares with the trajectory as held at that point."""
-    total = 0
-    for original, steps in cover_steps(results):
-        total += renderer.render(original).action_spans[-1][1]
-        for _, held, candidate in steps:
-            before, x = renderer.render(held), renderer.render(candidate)
-            end = x.action_spans[-1][1]
-            n = min(len(before), end)
-            mismatch = np.flatnonzero(before.input_ids[:n] != x.input_ids[:n])
-            total += end - (int(mismatch[0]) if mismatch.size else n)
-    return total
-
-
-def bound_targets(renderer: Renderer, results: Sequence[CoverResult]) -> int:
-    """Action tokens the exact cover must score, each through the model's head: every action of each
-    trajectory, then for each candidate its actions from the turn it removed reasoning at."""
-    total = 0
-    for original, steps in cover_steps(results):
-        total += sum(end - start for start, end in renderer.render(original).action_spans)
-        for t, _, candidate in steps:
-            total += sum(end - start for start, end in renderer.render(candidate).action_spans[t:])
-    return total
+    """Tokens the exact cover must compute (`bound_work`)."""
+    return bound_work(renderer, results)[0]
 
 
 def head_throughput(model, rows: int = 512, repeats: int = 3) -> float:

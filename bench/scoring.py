@@ -41,7 +41,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench.baselines import NaiveScorer, bound_targets, bound_tokens, forward_throughput, head_throughput
+from bench.baselines import NaiveScorer, bound_tokens, bound_work, forward_throughput, head_throughput
 from bench.workload import MODELS, Workload, checkpoint_for, synthetic_trajectories
 from race_core.cover import DEFAULT_EPSILON, CoverResult, check_noise, logic_cover
 from race_core.render import Renderer
@@ -219,13 +219,13 @@ def bench_methods(tag: str, checkpoint: Path, model, tokenizer, renderer: Render
 
         profiled["profile"] = profile_cover(scorer(batch_size=options.batch_size), trajectories, options.epsilon)
 
-    bound = bound_tokens(renderer, reference)
+    # The raw forward times the decoder only; scoring also runs the head over the scored action tokens.
+    bound, targets = bound_work(renderer, reference)
     # The machine's fastest raw forward in this run: the strictest bound, the same for every method.
     throughput = max(run.throughput[0] for run in runs)
     cpu_throughput = max(run.throughput[1] for run in runs)
     bound_wall, bound_cpu = bound / throughput, bound / cpu_throughput
-    # The raw forward times the decoder only; scoring also runs the head over the scored action tokens.
-    targets, head_rate = bound_targets(renderer, reference), head_throughput(model)
+    head_rate = head_throughput(model)
     head_wall = targets / head_rate
     naive = next(r for r in runs if r.name == "naive")
     methods = []
