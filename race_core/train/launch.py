@@ -118,6 +118,7 @@ def launch(spec: LaunchSpec, spec_path: str | Path, processes: int, accelerate_c
     if log is not None:
         log(f"{spec.kind}: launching {processes or 'the configured'} training process(es): {' '.join(command[1:4])}")
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    torchrun = TorchrunLog()  # read from every line: its summary can be longer than the tail
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           env=_environment(spec.device, processes)) as proc:
         assert proc.stdout is not None
@@ -129,32 +130,76 @@ def launch(spec: LaunchSpec, spec_path: str | Path, processes: int, accelerate_c
                     progress(step["step"], step["total"], step["loss"])
                 continue
             tail.append(line)
+            torchrun.read(line)
             if log is not None and line.startswith("resuming from step"):
                 log(f"{spec.kind}: {line}")
     if proc.returncode != 0:
-        raise TrainingFailed(failure_message(spec, proc.returncode, list(tail)))
+        raise TrainingFailed(failure_message(spec, proc.returncode, list(tail), torchrun))
     report = Path(spec.report)
     return json.loads(report.read_text()) if report.exists() else None
 
 
-def failure_message(spec: LaunchSpec, returncode: int, tail: list[str]) -> str:
-    """Which rank failed how (from torchrun's summary), where a rerun resumes, and the output's end."""
-    text = "\n".join(tail)
-    cause = text[text.rfind("Root Cause"):] if "Root Cause" in text else text  # torchrun's first failure
-    ranks = re.findall(r"rank\s*:\s*(\d+)", cause)
-    codes = re.findall(r"exitcode\s*:\s*(-?\d+)", cause)
-    who = ""
-    if ranks and codes:
-        code = int(codes[0])
-        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-        if code < 0:
-            import signal
+Failure = tuple[int, int, int]  # rank, exit code (minus the signal that killed it), pid
 
-            try:
-                how += f" ({signal.Signals(-code).name})"
-            except ValueError:
-                pass
-        who = f": rank {ranks[0]} {how}"
+
+class TorchrunLog:
+    """What torchrun's output says of a failed run, read line by line: the failures its summary lists
+    (the root cause it names, then the others) and the processes it stopped because another had failed
+    (its "Sending process PID closing signal" lines)."""
+
+    RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
+    EXITCODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)")
+    STOPPED = re.compile(r"Sending process (\d+) closing signal")
+
+    def __init__(self) -> None:
+        self.stopped: set[int] = set()
+        self.root: list[Failure] = []
+        self.others: list[Failure] = []
+        self._in_root = False
+        self._rank: int | None = None
+
+    def read(self, line: str) -> None:
+        self.stopped.update(int(pid) for pid in self.STOPPED.findall(line))
+        if line.startswith("Failures:"):  # a summary begins (the last one counts)
+            self.root, self.others, self._in_root = [], [], False
+        elif line.startswith("Root Cause"):
+            self._in_root = True
+        elif found := self.RANK.match(line):
+            self._rank = int(found.group(1))
+        elif (found := self.EXITCODE.match(line)) and self._rank is not None:
+            (self.root if self._in_root else self.others).append((self._rank, int(found.group(1)), int(found.group(2))))
+            self._rank = None
+
+    def culprit(self) -> tuple[Failure | None, list[Failure]]:
+        """The failed process that took the run down, and the others that failed. torchrun's root cause
+        is the failure it saw first, to the second: a survivor whose collective broke when its peer
+        died can write its error in the second before torchrun notices the death, then be stopped by
+        torchrun. So the culprit is a process torchrun did not stop, one an outside signal killed
+        first (its peers only see it gone), else torchrun's root cause."""
+        failures = self.root + self.others
+        own = [failure for failure in failures if failure[2] not in self.stopped]
+        for group in ([failure for failure in own if failure[1] < 0], own, failures):
+            if group:
+                return group[0], [failure for failure in failures if failure is not group[0]]
+        return None, []
+
+
+def failure_message(spec: LaunchSpec, returncode: int, tail: list[str], torchrun: TorchrunLog | None = None) -> str:
+    """Which rank failed how (`torchrun`: its reading of the whole output, else of the tail), where a
+    rerun resumes, and the output's end."""
+    if torchrun is None:
+        torchrun = TorchrunLog()
+        for line in tail:
+            torchrun.read(line)
+    culprit, others = torchrun.culprit()
+    who = ""
+    if culprit is not None:
+        who = f": rank {culprit[0]} {_how(culprit[1])}"
+        if others:
+            who += " (and " + ", ".join(
+                f"rank {rank} " + ("was stopped by torchrun" if pid in torchrun.stopped else _how(code))
+                for rank, code, pid in others) + ")"
+    text = "\n".join(tail)
     state = spec.options.get("state_dir")
     latest = Path(state) / LATEST if state else None
     if latest is not None and latest.exists():
@@ -166,3 +211,14 @@ def failure_message(spec: LaunchSpec, returncode: int, tail: list[str]) -> str:
         resume = "no training state is saved (train_save_every is 0); a rerun starts over"
     return (f"{spec.kind}: the training processes failed (exit code {returncode}){who}; {resume}.\n"
             f"last output:\n{text}")
+
+
+def _how(code: int) -> str:
+    if code >= 0:
+        return f"exited with code {code}"
+    import signal
+
+    try:
+        return f"was killed by signal {-code} ({signal.Signals(-code).name})"
+    except ValueError:
+        return f"was killed by signal {-code}"
