@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
+from pathlib import Path
 
 from race_core.train.distributed import LaunchSpec
 from race_core.train.launch import TAIL_LINES, TorchrunLog, failure_message
@@ -41,10 +43,16 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
-def _torchrun_failure(tmp_path, survivor: str, period: float) -> tuple[str, list[str], dict[int, int]]:
-    """Run the two processes under torch's process context, which looks at them every `period`
-    seconds; its summary text (as torchrun prints it), its log messages, and each rank's pid.
-    `survivor`: stuck (rank 0 hangs after writing its error) or exits (with code 1)."""
+def _ended(pid: int) -> bool:
+    """Whether the child `pid` has exited (a zombie: no one has reaped it yet)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def _torchrun_failure(tmp_path, survivor: str) -> tuple[str, list[str], dict[int, int]]:
+    """Run the two processes under torch's process context (looking at them every 0.1 s, torchrun's
+    default); its summary text (as torchrun prints it), its log messages, and each rank's pid.
+    `survivor`: stuck (rank 0 hangs after writing its error) or exits (with code 1; the context's
+    first look then waits until both processes have ended)."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
@@ -64,7 +72,12 @@ def _torchrun_failure(tmp_path, survivor: str, period: float) -> tuple[str, list
             args={0: ("-c", SURVIVOR, str(written), survivor), 1: ("-c", CULPRIT, str(written))}, envs={0: {}, 1: {}},
             logs_specs=DefaultLogsSpecs(log_dir=str(tmp_path / "logs")))
         pids = context.pids()
-        result = context.wait(timeout=60, period=period)
+        if survivor == "exits":
+            deadline = time.monotonic() + 120
+            while not all(_ended(pid) for pid in pids.values()):
+                assert time.monotonic() < deadline, "the two processes did not end"
+                time.sleep(0.05)
+        result = context.wait(timeout=60, period=0.1)
     finally:
         logger.removeHandler(keep)
     assert result is not None and result.is_failed()
@@ -72,7 +85,7 @@ def _torchrun_failure(tmp_path, survivor: str, period: float) -> tuple[str, list
 
 
 def test_the_rank_a_signal_killed_is_named_though_torchrun_blames_the_survivor_it_stopped(tmp_path):
-    summary, messages, pids = _torchrun_failure(tmp_path, "stuck", period=0.1)  # torchrun's interval
+    summary, messages, pids = _torchrun_failure(tmp_path, "stuck")
     lines = summary.splitlines()
     root_cause = summary[summary.rfind("Root Cause"):]
     assert "rank      : 0" in root_cause and "exitcode  : -15" in root_cause  # torchrun blames rank 0
@@ -97,7 +110,7 @@ def test_the_rank_a_signal_killed_is_named_though_torchrun_blames_the_survivor_i
 def test_the_rank_a_signal_killed_is_named_though_a_survivor_exited_before_torchrun_looked(tmp_path):
     """The other side of the race: rank 0's collective broke and it exited (code 1) on its own, and
     torchrun saw both failures at one look; its root cause is rank 0 (the earlier error file)."""
-    summary, messages, pids = _torchrun_failure(tmp_path, "exits", period=6.0)  # both end before a look
+    summary, messages, pids = _torchrun_failure(tmp_path, "exits")
     root_cause = summary[summary.rfind("Root Cause"):]
     assert "rank      : 0" in root_cause and "exitcode  : 1 " in root_cause, root_cause
     torchrun = TorchrunLog()
