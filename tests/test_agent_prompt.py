@@ -128,12 +128,15 @@ def test_a_generated_tool_call_is_parsed_and_tagged_as_the_renderer_tags_it(tool
 @pytest.fixture(scope="module")
 def tools_policy(tools_checkpoint):
     """The tiny tools checkpoint fitted for seconds to expert episodes of four one-operation tasks,
-    in tool-call form (bootstrap recipe expert-sft): it plays those tasks, not a capable policy."""
+    in tool-call form (bootstrap recipe expert-sft): it plays those tasks, not a capable policy.
+    200 steps, not the 100 that sufficed once: at 100 (last loss 0.05) the greedy policy wrote one
+    memorized episode for every task, and which one moved with the installed packages' numerics;
+    at 200 (0.0045) it plays each of the four."""
     model, tokenizer = load_policy(tools_checkpoint)
     config = AgentBootstrapConfig(recipe="expert-sft", shape="random", difficulty=1, reasoning_kinds=False,
                                   expert_tasks=4, expert_seed=3, empty_reasoning_share=0.0, check_tasks=1,
                                   check_samples=1, max_new_tokens=160, max_turns=3,
-                                  sft=SFTConfig(lr=1e-2, steps=100, batch_size=4, warmup_steps=5, max_length=2048,
+                                  sft=SFTConfig(lr=1e-2, steps=200, batch_size=4, warmup_steps=5, max_length=2048,
                                                 length_grouping=False))
     lines: list[str] = []
     report = bootstrap_agent(model, tokenizer, config, log=lines.append)
@@ -161,7 +164,7 @@ def test_a_policy_fitted_in_tool_form_plays_episodes_whose_ids_are_the_renderers
         exact += list(canonical.input_ids) == rollout.token_ids
         trajectory = rollout.to_trajectory()
         assert trajectory is None or (trajectory.tools == CALCULATOR_TOOLS and trajectory.system == agent.system)
-    assert exact >= 1 and any(r.success for r in rollouts)
+    assert exact >= 1 and sum(r.success for r in rollouts) >= 3, [(r.success, r.turns) for r in rollouts]
 
 
 def test_expert_iteration_samples_its_rounds_keeps_what_the_judge_accepts_and_trains_the_plain_prompt(tools_policy):
@@ -170,9 +173,12 @@ def test_expert_iteration_samples_its_rounds_keeps_what_the_judge_accepts_and_tr
     bare system message and writes nothing well-formed under a longer one; they are checked apart.)"""
     import copy
 
+    import torch
+
     from race_core.train.checkpoint_bootstrap import demonstrated
 
     model, tokenizer = (copy.deepcopy(x) for x in tools_policy)  # the recipe trains in place
+    before = {name: weight.detach().clone() for name, weight in model.named_parameters()}
     plain = AgentPrompt.of(tokenizer)
     config = AgentBootstrapConfig(recipe="expert-iteration", shape="random", difficulty=1, reasoning_kinds=False,
                                   rounds=1, round_tasks=4, round_samples=2, demonstrations=0, check_tasks=1,
@@ -185,7 +191,10 @@ def test_expert_iteration_samples_its_rounds_keeps_what_the_judge_accepts_and_tr
     (entry,) = report.rounds
     assert (entry["data"], entry["round"], entry["sampled"]["episodes"]) == ("own", 1, 8)
     assert 0 < entry["trajectories"] <= entry["sampled"]["succeeded"]  # kept: the judge's successes, deduplicated
-    assert entry["steps"] == 4 and entry["last_loss"] < entry["first_loss"]
+    # trained on them: 4 steps moved the weights. (Not last loss < first: the policy already fits its
+    # own successes to a loss near 0.005, where one Adam step can as well raise it.)
+    assert entry["steps"] == 4 and 0 < entry["last_loss"] < 0.1
+    assert any(not torch.equal(weight, before[name]) for name, weight in model.named_parameters())
     assert report.check["episodes"] == 1 and AgentPrompt.of(tokenizer) == plain
     shown = demonstrated(plain, Renderer(tokenizer), replace(config, demonstrations=2))
     assert shown.system.startswith(plain.system + "\n\nAn example of a whole task:\n")
