@@ -130,8 +130,8 @@ def tools_policy(tools_checkpoint):
     """The tiny tools checkpoint fitted for seconds to expert episodes of four one-operation tasks,
     in tool-call form (bootstrap recipe expert-sft): it plays those tasks, not a capable policy.
     200 steps, not the 100 that sufficed once: at 100 (last loss 0.05) the greedy policy wrote one
-    memorized episode for every task, and which one moved with the installed packages' numerics;
-    at 200 (0.0045) it plays each of the four."""
+    memorized episode for two other tasks and nothing well-formed for the rest, and what it wrote
+    moved with the installed packages' numerics; at 200 (0.0045) it plays each of the four."""
     model, tokenizer = load_policy(tools_checkpoint)
     config = AgentBootstrapConfig(recipe="expert-sft", shape="random", difficulty=1, reasoning_kinds=False,
                                   expert_tasks=4, expert_seed=3, empty_reasoning_share=0.0, check_tasks=1,
