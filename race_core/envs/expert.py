@@ -38,6 +38,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from fractions import Fraction
 
+from race_core.envs.base import (
+    CURRENT,
+    DEFAULT_EMPTY_REASONING_SHARE,
+    EMPTY,
+    EXPERT_SOURCE_REVISION,
+    LATER,
+    REASONING_KINDS,
+    REDUNDANT,
+)
 from race_core.envs.calculator import (
     DEFAULT_MAX_TURNS,
     ENVIRONMENT_NAME,
@@ -55,8 +64,8 @@ from race_core.envs.calculator import (
 )
 from race_core.schema import Trajectory, Turn
 
-EXPERT_SOURCE_REVISION = "scripted-expert-1"
-DEFAULT_EMPTY_REASONING_SHARE = 0.3
+__all__ = ["CURRENT", "DEFAULT_EMPTY_REASONING_SHARE", "EMPTY", "EXPERT_SOURCE_REVISION", "LATER", "REASONING_KINDS",
+           "REDUNDANT", "ExpertPolicy", "KindsExpertPolicy", "expert_dataset", "expert_episode", "reasoning_kind"]
 
 _QUESTION_RE = re.compile(r"Compute (?P<expression>[^.]+)\. Use calc\[")
 
@@ -158,8 +167,6 @@ class ExpertPolicy:
         return reasoning, action
 
 
-LATER, CURRENT, REDUNDANT, EMPTY = "later", "current", "redundant", "empty"
-REASONING_KINDS = (LATER, CURRENT, REDUNDANT, EMPTY)
 MENTAL_OPS = "+-*"  # worked out in the head when both operands are one-digit literals
 MENTAL_MAX_OPERAND = 9
 DEFAULT_MENTAL_SHARE = 0.7  # of the eligible operations

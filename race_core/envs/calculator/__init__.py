@@ -5,7 +5,8 @@ Four parts, each usable on its own:
 1. `evaluator`: the safe expression parser and exact evaluator (no eval/exec), with its limits.
 2. `tasks`: the seeded task generator, the train/held-out split and the private `judge`.
 3. `environment`: `CalculatorEnv` (reset/step, used step by step by samplers), action parsing,
-   and `run_episode` + `Episode` for simple drivers.
+   `run_episode` + `Episode` for simple drivers, and `CALCULATOR`, the calculator as an
+   `Environment` (`race_core.envs.base`).
 4. `agent`: how a chat model is told to play: `AgentPrompt` (system prompt, `CALCULATOR_TOOLS`, text
    or tool-call actions), carried by a policy's tokenizer.
 
@@ -20,11 +21,13 @@ from race_core.envs.calculator.agent import (
     text_to_call,
 )
 from race_core.envs.calculator.environment import (
+    CALCULATOR,
     DEFAULT_MAX_TURNS,
     ENV_REVISION,
     ENVIRONMENT_NAME,
     FINISH_OBSERVATION,
     INVALID_ACTION_OBSERVATION,
+    Calculator,
     CalculatorEnv,
     Episode,
     PolicyFn,
@@ -62,6 +65,8 @@ from race_core.envs.calculator.tasks import (
 )
 
 __all__ = [
+    "CALCULATOR",
+    "Calculator",
     "AgentPrompt",
     "BARE",
     "CALCULATOR_TOOLS",

@@ -2,18 +2,25 @@
 
 `CalculatorEnv` (reset/step, used step by step by samplers) parses the agent's actions
 `calc[<expression>]` and `finish[<number>]` and judges a finish privately (`tasks.judge`);
-`run_episode` + `Episode` serve simple drivers.
+`run_episode` + `Episode` serve simple drivers. `Calculator` is the environment as the pipeline
+sees it (`race_core.envs.base.Environment`): tasks, episodes, tools, the scripted expert.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-
-from race_core.envs.calculator.agent import _bracketed, action_as_text
+from race_core.envs.base import (
+    DEFAULT_EMPTY_REASONING_SHARE,
+    EXPERT_SOURCE_REVISION,
+    Environment,
+    Episode,
+    PolicyFn,
+    StepResult,
+    bracketed,
+)
+from race_core.envs.calculator.agent import SPECS, SYSTEM_TEXT, SYSTEM_TOOLS, action_as_text
 from race_core.envs.calculator.evaluator import evaluate
-from race_core.envs.calculator.tasks import CalculatorTask, judge
-from race_core.schema import Action, Trajectory, Turn
+from race_core.envs.calculator.tasks import SHAPES, CalculatorTask, generate_tasks, judge
+from race_core.schema import Action, Trajectory
 
 ENVIRONMENT_NAME = "bounded-calculator-v1"
 ENV_REVISION = "1"
@@ -21,12 +28,6 @@ DEFAULT_MAX_TURNS = 8
 
 INVALID_ACTION_OBSERVATION = "Invalid action: expected calc[<expression>] or finish[<number>]."
 FINISH_OBSERVATION = "Episode finished."
-
-
-@dataclass(frozen=True)
-class StepResult:
-    observation: str
-    done: bool
 
 
 class CalculatorEnv:
@@ -63,8 +64,8 @@ class CalculatorEnv:
             raise RuntimeError("the episode is over; call reset() to start again")
         self.turns_used += 1
         text = action_as_text(action).strip() if isinstance(action, str | tuple) else ""
-        expression = _bracketed(text, "calc")
-        number = _bracketed(text, "finish")
+        expression = bracketed(text, "calc")
+        number = bracketed(text, "finish")
         if expression is not None:
             observation = evaluate(expression).text
         elif number is not None:
@@ -77,52 +78,43 @@ class CalculatorEnv:
         return StepResult(observation, self.done)
 
 
-@dataclass
-class Episode:
-    """One played episode. Only successful ones become training trajectories."""
-
-    task_id: str
-    question: str
-    turns: list[Turn]
-    success: bool
-    reward: float
-    finished: bool
-
-    def to_trajectory(
-        self, environment: str = ENVIRONMENT_NAME, source_revision: str = f"env-r{ENV_REVISION}"
-    ) -> Trajectory:
-        """The episode as a validated `Trajectory` (DESIGN §2). Raises ValueError for a failed
-        episode (only successful trajectories are RACE inputs) and `SchemaError` for a turn
-        that breaks the contract (e.g. an empty action)."""
-        if not self.success:
-            raise ValueError(
-                f"episode {self.task_id} failed; only successful episodes become trajectories "
-                "(use .turns to inspect it)"
-            )
-        record = {
-            "question": self.question,
-            "environment": environment,
-            "source_revision": source_revision,
-            "split": "train",
-            "successful": True,
-            "turns": [t.to_dict() for t in self.turns],
-            "task_id": self.task_id,
-        }
-        return Trajectory.from_dict(record)
-
-
-PolicyFn = Callable[[str, Sequence[Turn]], tuple[str, str]]
-
-
 def run_episode(task: CalculatorTask, policy_fn: PolicyFn, max_turns: int = DEFAULT_MAX_TURNS) -> Episode:
     """Drive one episode: policy_fn(question, turns_so_far) -> (reasoning, action) until done."""
-    env = CalculatorEnv(task, max_turns)
-    question = env.reset()
-    turns: list[Turn] = []
-    done = False
-    while not done:
-        reasoning, action = policy_fn(question, tuple(turns))
-        result = env.step(action)
-        turns.append(Turn(reasoning=reasoning, action=action, observation=result.observation))
-        done = result.done
-    return Episode(task.task_id, question, turns, env.success, env.reward, env.finished)
+    return CALCULATOR.run_episode(task, policy_fn, max_turns)
+
+
+class Calculator(Environment):
+    """The bounded calculator as an `Environment`: tasks of 1-3 operations (`random`) or the
+    two-part tasks whose results can be carried across turns (`two-part`)."""
+
+    name = "calculator"
+    environment = ENVIRONMENT_NAME
+    revision = ENV_REVISION
+    shapes = SHAPES
+    difficulties = (1, 2, 3)
+    tools = SPECS
+    system_text = SYSTEM_TEXT
+    system_tools = SYSTEM_TOOLS
+
+    def generate_tasks(self, n: int, seed: int, difficulty: int | None = None, split: str | None = None,
+                       shape: str = "random") -> list[CalculatorTask]:
+        return generate_tasks(n, seed, difficulty, split, shape)
+
+    def episode(self, task: CalculatorTask, max_turns: int) -> CalculatorEnv:
+        return CalculatorEnv(task, max_turns)
+
+    def expert_dataset(self, n: int, seed: int, difficulty: int | None = None,
+                       empty_reasoning_share: float = DEFAULT_EMPTY_REASONING_SHARE,
+                       source_revision: str = EXPERT_SOURCE_REVISION, reasoning_kinds: bool = False,
+                       shape: str = "random") -> list[Trajectory]:
+        from race_core.envs.expert import expert_dataset
+
+        return expert_dataset(n, seed, difficulty, empty_reasoning_share, source_revision, reasoning_kinds, shape)
+
+    def reasoning_kind(self, reasoning: str) -> str:
+        from race_core.envs.expert import reasoning_kind
+
+        return reasoning_kind(reasoning)
+
+
+CALCULATOR = Calculator()

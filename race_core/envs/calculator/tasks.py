@@ -12,13 +12,16 @@ import random
 from dataclasses import dataclass
 from fractions import Fraction
 
+from race_core.envs.base import HELDOUT_SEED_OFFSET, heldout_seed
 from race_core.envs.calculator.evaluator import BinOp, Neg, Node, Num, fold, format_value, parse_number
+
+__all__ = ["HELDOUT_PERCENT", "HELDOUT_SEED_OFFSET", "QUESTION_TEMPLATE", "SHAPES", "CalculatorTask",
+           "generate_tasks", "heldout_seed", "judge", "question_for", "task_split"]
 
 QUESTION_TEMPLATE = (
     "Compute {expression}. Use calc[<expression>] to evaluate expressions and finish[<number>] to answer."
 )
 
-HELDOUT_SEED_OFFSET = 10**15  # far above date-like or 32/53-bit random seeds
 HELDOUT_PERCENT = 10  # share of the expression space reserved for held-out tasks
 _MAX_OPERAND = 99
 
@@ -31,6 +34,13 @@ class CalculatorTask:
     expression: str
     ops: int
 
+    @property
+    def environment(self):
+        """The environment this task is played in (`race_core.envs.base.Environment`)."""
+        from race_core.envs.calculator.environment import CALCULATOR
+
+        return CALCULATOR
+
 
 def question_for(expression: str) -> str:
     """The prompt for an expression: contains the expression, nothing derived from the answer."""
@@ -41,13 +51,6 @@ def task_split(expression: str) -> str:
     """'heldout' for a fixed ~10% of expressions (by sha256), 'train' for the rest."""
     bucket = int.from_bytes(hashlib.sha256(expression.encode("utf-8")).digest()[:4], "big") % 100
     return "heldout" if bucket < HELDOUT_PERCENT else "train"
-
-
-def heldout_seed(seed: int) -> int:
-    """The held-out seed paired with a training seed. `generate_tasks` treats any seed
-    ≥ HELDOUT_SEED_OFFSET as held-out and draws only held-out expressions for it, so its tasks
-    share no question with tasks of any training seed."""
-    return seed + HELDOUT_SEED_OFFSET
 
 
 def _render(node: Node, parent_op: str | None = None, is_right: bool = False) -> str:
