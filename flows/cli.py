@@ -277,13 +277,13 @@ def cmd_ablate(args) -> int:
     from dataclasses import replace as replace_field
 
     from flows.ablate import PRESETS, preset_for, race_ablate
-    from tasks.agent_bootstrap import plays_calculator
+    from tasks.agent_bootstrap import plays
 
     given = config_from_args(ABLATE_CONFIG, args)
     preset = PRESETS[args.preset or preset_for(given.checkpoint, given.resources.device)]
     config = config_from_args(preset.config, args)
     bootstrap = (preset.bootstrap or AgentBootstrapConfig()) if config.checkpoint else None
-    if args.recipe == "none" or (args.recipe is None and config.checkpoint and plays_calculator(config.checkpoint)):
+    if args.recipe == "none" or (args.recipe is None and config.checkpoint and plays(config.checkpoint, config.rl.env)):
         bootstrap = None
     elif args.recipe and bootstrap is not None:
         bootstrap = replace_field(bootstrap, recipe=args.recipe)

@@ -15,12 +15,14 @@ import typing
 from typing import Any
 
 from race_core.config import BACKENDS, EXECUTORS, MIXED_PRECISIONS, STAGES, field_help, field_types, replace
+from race_core.envs import ENV_NAMES
 from race_core.envs.calculator import SHAPES
 from race_core.importers import INPUT_FORMATS
 
 PREFIXES = {"ingest": "", "cover": "", "resources": "", "sft": "sft-", "rl": "rl-", "evaluate": "eval-"}
 FLAGS = {"inputs": "--input"}  # top-level fields whose flag is not their name
 CHOICES = {"backend": BACKENDS, "stages": STAGES, "force": STAGES, "format": INPUT_FORMATS, "shape": SHAPES,
+           "env": ENV_NAMES,
            "executor": EXECUTORS, "mixed_precision": MIXED_PRECISIONS, "sampler": BACKENDS}
 DEST = "config:"  # argparse dest prefix of generated options
 

@@ -7,8 +7,9 @@
   candidate turns (turn >= 1 with reasoning), so counts match trajectory by trajectory.
 - `all`: the reasoning of every turn after turn 0 removed.
 
-`removed_by_kind` reads each candidate turn's kind from its text (`race_core.envs.expert.reasoning_kind`)
-and says which share of each kind an arm removed: what the table's success figures are read against.
+`removed_by_kind` reads each candidate turn's kind from its text (the `reasoning_kind` of the
+trajectory's environment, the calculator's for one it does not name) and says which share of each
+kind an arm removed: what the table's success figures are read against.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import random
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from race_core.envs.expert import REASONING_KINDS, reasoning_kind
+from race_core.envs import DEFAULT_ENV, environment_named, get_environment
+from race_core.envs.base import REASONING_KINDS
 from race_core.schema import Trajectory
 
 ARMS = ("none", "race", "local", "random", "all")
@@ -51,8 +53,9 @@ def removed_by_kind(originals: Iterable[Trajectory], removed: Mapping[str, Seque
     counts = {kind: [0, 0] for kind in REASONING_KINDS if kind != "empty"}
     for t in originals:
         gone = set(removed.get(t.id, ()))
+        env = environment_named(t.environment) or get_environment(DEFAULT_ENV)
         for k in candidate_turns(t):
-            entry = counts[reasoning_kind(t.turns[k].reasoning)]
+            entry = counts[env.reasoning_kind(t.turns[k].reasoning)]
             entry[0] += 1
             entry[1] += k in gone
     return {kind: {"candidates": n, "removed": r, "share": r / n if n else None} for kind, (n, r) in counts.items()}

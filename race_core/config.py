@@ -20,7 +20,8 @@ from dataclasses import asdict, dataclass, field
 from functools import cache
 from typing import Any
 
-from race_core.envs.calculator import DEFAULT_MAX_TURNS, SHAPES
+from race_core.envs import DEFAULT_ENV, ENV_NAMES, get_environment
+from race_core.envs.calculator import DEFAULT_MAX_TURNS
 from race_core.memory import parse_size
 from race_core.schema import DEFAULT_LIMITS, Limits
 
@@ -167,7 +168,7 @@ class SFTConfig:
 
 @dataclass(frozen=True)
 class RLConfig:
-    """Cover-aware RL on on-policy calculator rollouts (DESIGN §5). The cover's ε is the pipeline's."""
+    """Cover-aware RL on on-policy rollouts in an environment (DESIGN §5). The cover's ε is the pipeline's."""
 
     iterations: int = 1  # sample -> update rounds
     tasks_per_iteration: int = 8  # K calculator tasks per iteration
@@ -183,8 +184,9 @@ class RLConfig:
     inner_steps: int = 1  # optimizer steps on one batch of rollouts
     max_grad_norm: float = 1.0  # gradient clipping (0: off)
     seed: int = 0  # sampling (seed + iteration) and the update
-    difficulty: int | None = None  # operations per training task (None: 1-3 at random)
-    shape: str = "random"  # training task shape: random, or two-part (results carried across turns)
+    env: str = DEFAULT_ENV  # the environment the rollouts play: calculator, or lookup (multi-hop, 5-6 turns)
+    difficulty: int | None = None  # calculator: operations per task (None: 1-3 at random); lookup: entries (3 or 4)
+    shape: str = "random"  # calculator task shape: random, or two-part (results carried across turns)
     cover_aware: bool = True  # mask removable reasoning and supervise closure (off: plain GRPO)
     sampler: str = "hf"  # sampling backend: hf (transformers generate) or vllm
     sample_chunk: int = 0  # tasks sampled together, the unit a pool's workers share (0: all K at once)
@@ -193,20 +195,21 @@ class RLConfig:
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """Held-out evaluation in the calculator: greedy success and reasoning tokens per episode."""
+    """Held-out evaluation in the environment: greedy success and reasoning tokens per episode."""
 
     tasks: int = 100  # held-out tasks
     seed: int = 0  # which held-out tasks
     max_turns: int = DEFAULT_MAX_TURNS  # turn budget of an episode
     max_new_tokens: int = 96  # per assistant turn
-    shape: str = "random"  # held-out task shape: random, or two-part (results carried across turns)
+    env: str = DEFAULT_ENV  # the environment the held-out tasks are drawn from: calculator or lookup
+    shape: str = "random"  # calculator held-out task shape: random, or two-part (results carried across turns)
     sampler: str = "hf"  # sampling backend: hf (transformers generate) or vllm
 
 
 # Fields added after stage keys were first written: left out of a key while at this default, so the
 # keys (and the stored results) of runs that do not set them stay what they were.
 KEY_OPTIONAL = {"local_only": False, "shape": "random", "cover_aware": True, "sample_chunk": 0, "sampler": "hf",
-                "micro_batch": 0}
+                "micro_batch": 0, "env": DEFAULT_ENV}
 
 
 def key_fields(config: Any) -> dict[str, Any]:
@@ -250,9 +253,13 @@ class PipelineConfig:
             raise ValueError(f"parameter 'rl.micro_batch': {self.rl.micro_batch} is not >= 0 (0: all rollouts at once)")
         if self.rl.sample_chunk < 0:
             raise ValueError(f"parameter 'rl.sample_chunk': {self.rl.sample_chunk} is not >= 0 (0: all tasks at once)")
-        for name, shape in (("rl.shape", self.rl.shape), ("evaluate.shape", self.evaluate.shape)):
-            if shape not in SHAPES:
-                raise ValueError(f"parameter '{name}': {shape!r} is not one of {SHAPES}")
+        for name, part in (("rl", self.rl), ("evaluate", self.evaluate)):
+            if part.env not in ENV_NAMES:
+                raise ValueError(f"parameter '{name}.env': {part.env!r} is not one of {list(ENV_NAMES)}")
+            try:
+                get_environment(part.env).check(part.shape, getattr(part, "difficulty", None))
+            except ValueError as exc:
+                raise ValueError(f"parameter '{name}': {exc}") from None
         for name, sampler in (("rl.sampler", self.rl.sampler), ("evaluate.sampler", self.evaluate.sampler)):
             if sampler not in BACKENDS:
                 raise ValueError(f"parameter '{name}': {sampler!r} is not one of {BACKENDS}")

@@ -58,3 +58,63 @@ def decision_rows(results: Iterable[CoverResult], renderer: Renderer, ctx: Cover
                 "backend": ctx.backend,
                 "render_mode": render_mode,
             }
+
+
+def rejected_by_later(row: dict[str, Any]) -> bool:
+    """A candidate the cover rejected although its own action's drop was within ε: only a later
+    action lost more than ε (the check that defines RACE bound; a local-only cover would accept it)."""
+    drops = list(row["drops"])
+    return (not row["accepted"] and row["reason"] == "over_epsilon" and len(drops) > 1
+            and drops[0] <= row["epsilon"])
+
+
+@dataclass
+class CrossTurn:
+    """The cross-turn figure, counted row by row (`add`): of the scored candidates (decision rows,
+    `skipped_empty` left out), how many were rejected only by a later action (`rejected_by_later`)."""
+
+    candidates: int = 0
+    rejected: int = 0
+    rejected_by_later: int = 0
+
+    def add(self, row: dict[str, Any]) -> None:
+        if row["skipped_empty"]:
+            return
+        self.candidates += 1
+        self.rejected += not row["accepted"]
+        self.rejected_by_later += rejected_by_later(row)
+
+    def figure(self) -> dict[str, Any]:
+        """The counts, with the share of the candidates and of the rejected ones (None when there are none)."""
+        later = self.rejected_by_later
+        return {"candidates": self.candidates, "rejected": self.rejected, "rejected_by_later": later,
+                "share": later / self.candidates if self.candidates else None,
+                "share_of_rejected": later / self.rejected if self.rejected else None}
+
+
+def cross_turn_figure(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """`CrossTurn` over all `rows`."""
+    count = CrossTurn()
+    for row in rows:
+        count.add(row)
+    return count.figure()
+
+
+def cross_turn_text(figure: dict[str, Any]) -> str:
+    """One line for logs and reports."""
+    share = figure.get("share")
+    return (f"{figure['rejected_by_later']} of {figure['candidates']} candidates rejected only by a later action"
+            + (f" ({100 * share:.1f}%)" if share is not None else ""))
+
+
+def local_accepted_race_rejected(race: dict[str, Iterable[int]], local: dict[str, Iterable[int]]) -> dict[str, Any]:
+    """Of the removals a local-only cover accepted (trajectory id -> turns), how many RACE rejected
+    on the same trajectories (`race`: its accepted removals)."""
+    accepted = rejected = 0
+    for trajectory_id, turns in local.items():
+        kept = set(race.get(trajectory_id, ()))
+        for turn in turns:
+            accepted += 1
+            rejected += turn not in kept
+    return {"local_accepted": accepted, "race_rejected": rejected,
+            "share": rejected / accepted if accepted else None}

@@ -1,8 +1,8 @@
-"""Policy evaluation on held-out calculator tasks: success rate, reasoning tokens, turns.
+"""Policy evaluation on an environment's held-out tasks: success rate, reasoning tokens, turns.
 
 Episodes are played by `race_core.rollout.play_episodes` (the same driver as RL sampling), greedy
-or sampled; success is the environment's private judge. Use held-out tasks:
-`generate_tasks(n, heldout_seed(seed))` (they share no question with any training draw).
+or sampled; success is the environment's private judge. Use held-out tasks (`heldout_tasks`: they
+share no question with any training draw).
 """
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from race_core.envs.calculator import DEFAULT_MAX_TURNS, CalculatorTask, generate_tasks, heldout_seed
+from race_core.envs import DEFAULT_ENV, get_environment
+from race_core.envs.base import Task
+from race_core.envs.calculator import DEFAULT_MAX_TURNS
 from race_core.rollout import Rollout, play_episodes
 from race_core.sampling import Sampler, SamplingParams
 
@@ -31,15 +33,16 @@ class EvalReport:
                 "greedy": self.greedy}
 
 
-def heldout_tasks(n: int, seed: int = 0, difficulty: int | None = None, shape: str = "random") -> list[CalculatorTask]:
-    """`n` held-out tasks (never drawn for training, whatever the training seed)."""
-    return generate_tasks(n, heldout_seed(seed), difficulty, split="heldout", shape=shape)
+def heldout_tasks(n: int, seed: int = 0, difficulty: int | None = None, shape: str = "random",
+                  env: str = DEFAULT_ENV) -> list[Task]:
+    """`n` held-out tasks of environment `env` (never drawn for training, whatever the training seed)."""
+    return get_environment(env).heldout_tasks(n, seed, difficulty, shape)
 
 
 def evaluate_policy(
     model,
     tokenizer,
-    tasks: Sequence[CalculatorTask],
+    tasks: Sequence[Task],
     greedy: bool = True,
     samples: int = 1,
     seed: int = 0,

@@ -1,13 +1,14 @@
-"""Multi-turn on-policy episodes over a Sampler and the bounded calculator (DESIGN §5, §6).
+"""Multi-turn on-policy episodes over a Sampler and an environment (DESIGN §5, §6).
 
 For K tasks × G samples, every episode's token sequence is built INCREMENTALLY: it starts as
 `renderer.prompt_ids(question, [])`, each step the sampler continues the current ids, and the
 wrapper/observation ids are appended after the generated ones. Past turns are never re-tokenized, so
 the context the sampler saw, the sequence the RL update scores and the old log-probs agree exactly.
 
-The policy plays with the prompt its tokenizer carries (`race_core.envs.calculator.AgentPrompt`:
-a system prompt, the calculator's tools, text or tool-call actions); the episode starts from
-`renderer.prompt_ids(question, [], system, tools)`.
+Each task is played in its own environment (`task.environment`, a `race_core.envs.base.Environment`:
+the calculator, the people lookup, ...). The policy plays with the prompt its tokenizer carries
+(`race_core.envs.agent.AgentPrompt`: a system prompt, the environment's tools, text or tool-call
+actions); the episode starts from `renderer.prompt_ids(question, [], system, tools)`.
 
 After each generation (stop token included):
   * the generated ids are kept as generated (token-out: what the policy wrote is what RL trains
@@ -45,15 +46,10 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 
 from race_core.config import RLConfig
-from race_core.envs.calculator import (
-    DEFAULT_MAX_TURNS,
-    ENV_REVISION,
-    ENVIRONMENT_NAME,
-    CalculatorEnv,
-    CalculatorTask,
-    generate_tasks,
-)
-from race_core.envs.calculator.agent import TOOLS, AgentPrompt
+from race_core.envs import DEFAULT_ENV, get_environment
+from race_core.envs.agent import TOOLS, AgentPrompt
+from race_core.envs.base import Task
+from race_core.envs.calculator import DEFAULT_MAX_TURNS, ENV_REVISION, ENVIRONMENT_NAME
 from race_core.render import ACTION_PREFIX, CLOSE_MARKER, OPEN_MARKER, TOOLS_TEMPLATE, Renderer, Role
 from race_core.sampling import Sample, Sampler, SamplingParams
 from race_core.schema import Action, SchemaError, ToolCall, Trajectory, Turn
@@ -97,6 +93,7 @@ class Rollout:
     finished: bool = False
     system: str = ""  # the system prompt the policy played with
     tools: list[dict] = field(default_factory=list)  # the tools given to its chat template
+    environment: str = ENVIRONMENT_NAME  # the `environment` of the trajectory it becomes
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {
@@ -117,11 +114,11 @@ class Rollout:
                    if p and r == Role.REASONING and (turn is None or t == turn))
 
     def to_trajectory(self, source_revision: str = ROLLOUT_SOURCE_REVISION) -> Trajectory | None:
-        """The successful, well-formed episode as a validated Trajectory (environment
-        bounded-calculator-v1); None when it failed, has a malformed turn or breaks the schema."""
+        """The successful, well-formed episode as a validated Trajectory (in the environment it was
+        played in); None when it failed, has a malformed turn or breaks the schema."""
         if not self.success or not self.all_well_formed:
             return None
-        record = {"question": self.question, "environment": ENVIRONMENT_NAME, "source_revision": source_revision,
+        record = {"question": self.question, "environment": self.environment, "source_revision": source_revision,
                   "split": "train", "successful": True, "turns": [t.to_dict() for t in self.turns],
                   "task_id": self.task_id, "system": self.system, "tools": list(self.tools)}
         try:
@@ -220,15 +217,16 @@ def parse_generation(renderer: Renderer, token_ids: Sequence[int], stopped: bool
 class _Episode:
     """The state of one running episode: its env and the rollout being built."""
 
-    def __init__(self, renderer: Renderer, task: CalculatorTask, group: int, sample_index: int, max_turns: int,
+    def __init__(self, renderer: Renderer, task: Task, group: int, sample_index: int, max_turns: int,
                  agent: AgentPrompt):
         self.renderer = renderer
         self.agent = agent
-        self.env = CalculatorEnv(task, max_turns)
+        self.env = task.environment.episode(task, max_turns)
         question = self.env.reset()
         prompt = renderer.prompt_ids(question, [], system=agent.system, tools=agent.tools)
         self.rollout = Rollout(task_id=task.task_id, group=group, sample_index=sample_index, question=question,
-                               prompt_length=len(prompt), system=agent.system, tools=list(agent.tools))
+                               prompt_length=len(prompt), system=agent.system, tools=list(agent.tools),
+                               environment=task.environment.environment)
         self._append(prompt, -1, Role.CONTEXT)
 
     def _append(self, ids: Sequence[int], turn: int | Sequence[int], role: Role | Sequence[int],
@@ -272,7 +270,7 @@ class _Episode:
 def run_rollouts(
     sampler: Sampler,
     renderer: Renderer,
-    tasks: Sequence[CalculatorTask],
+    tasks: Sequence[Task],
     group_size: int = 1,
     params: SamplingParams | None = None,
     max_turns: int = DEFAULT_MAX_TURNS,
@@ -305,7 +303,7 @@ def run_rollouts(
 def play_episodes(
     model,
     tokenizer,
-    tasks: Sequence[CalculatorTask],
+    tasks: Sequence[Task],
     group_size: int,
     params: SamplingParams,
     max_turns: int = DEFAULT_MAX_TURNS,
@@ -326,10 +324,10 @@ def play_episodes(
     return run_rollouts(sampler, sampler.renderer, tasks, group_size, params, max_turns, first_group, agent, progress)
 
 
-def training_tasks(config: RLConfig, iteration: int) -> list[CalculatorTask]:
-    """The K tasks of RL iteration `iteration` (training split, seed config.seed + iteration)."""
-    return generate_tasks(config.tasks_per_iteration, config.seed + iteration, config.difficulty, split="train",
-                          shape=config.shape)
+def training_tasks(config: RLConfig, iteration: int) -> list[Task]:
+    """The K tasks of RL iteration `iteration` (config.env's training split, seed config.seed + iteration)."""
+    return get_environment(config.env).generate_tasks(config.tasks_per_iteration, config.seed + iteration,
+                                                      config.difficulty, split="train", shape=config.shape)
 
 
 def sample_chunks(config: RLConfig) -> list[tuple[int, int]]:
@@ -360,20 +358,26 @@ def sample_rollouts(model, tokenizer, config: RLConfig, iteration: int, chunk: i
 
 
 def sample_successful_trajectories(model, tokenizer, tasks: int, samples: int, seed: int,
-                                   temperature: float = 1.0, shape: str = "random", difficulty: int | None = None
-                                   ) -> tuple[list[Trajectory], int]:
-    """Play `samples` episodes of each of `tasks` training tasks (seed `seed`, `shape`, `difficulty`);
-    return the successful, well-formed ones as Trajectories (the policy's own data, RACE's input; one
-    per distinct trajectory) and the number of episodes played."""
+                                   temperature: float = 1.0, shape: str = "random", difficulty: int | None = None,
+                                   env: str = DEFAULT_ENV) -> tuple[list[Trajectory], int]:
+    """Play `samples` episodes of each of `tasks` training tasks of environment `env` (seed `seed`,
+    `shape`, `difficulty`); return the successful, well-formed ones as Trajectories (the policy's own
+    data, RACE's input; one per distinct trajectory) and the number of episodes played."""
     params = SamplingParams(temperature=temperature, seed=seed)
-    drawn = generate_tasks(tasks, seed, difficulty, split="train", shape=shape)
+    drawn = get_environment(env).generate_tasks(tasks, seed, difficulty, split="train", shape=shape)
     rollouts = play_episodes(model, tokenizer, drawn, samples, params)
     trajectories = {t.id: t for r in rollouts if (t := r.to_trajectory()) is not None}
     return list(trajectories.values()), len(rollouts)
 
 
 def rollouts_to_json(rollouts: Sequence[Rollout]) -> str:
-    return json.dumps({"format": ROLLOUT_FORMAT, "rollouts": [asdict(r) for r in rollouts]})
+    """The rollouts as JSON; a calculator rollout's `environment` is left out (its bytes stay what
+    they were before environments had names; `rollouts_from_json` restores it)."""
+    records = [asdict(r) for r in rollouts]
+    for record in records:
+        if record["environment"] == ENVIRONMENT_NAME:
+            del record["environment"]
+    return json.dumps({"format": ROLLOUT_FORMAT, "rollouts": records})
 
 
 def rollouts_from_json(text: str) -> list[Rollout]:

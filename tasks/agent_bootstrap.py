@@ -1,17 +1,17 @@
-"""The bootstrap stage: a chat checkpoint made a calculator policy (`race_core.train.checkpoint_bootstrap`),
+"""The bootstrap stage: a chat checkpoint made a policy of an environment (`race_core.train.checkpoint_bootstrap`),
 stored like every trained policy (a checkpoint folder object and its digest), keyed by the recipe's
 settings, the dtype it trained in and the checkpoint's digest. A checkpoint whose tokenizer already
-carries the calculator prompt (a `race bootstrap` output, or a policy this pipeline trained) plays
+carries the environment's prompt (a `race bootstrap` output, or a policy this pipeline trained) plays
 as it is: no stage runs for it.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any
 
 from race_core.config import Resources
-from race_core.envs.calculator import BARE, AgentPrompt
+from race_core.envs import DEFAULT_ENV
+from race_core.envs.agent import BARE, AgentPrompt
 from race_core.policy import load_tokenizer
 from race_core.train.checkpoint_bootstrap import AgentBootstrapConfig
 from storage import ArtifactStore
@@ -20,14 +20,15 @@ from tasks.policy_ref import PolicyRef
 from tasks.training_stages import _put_policy
 
 
-def plays_calculator(checkpoint: str) -> bool:
-    """Whether the checkpoint's tokenizer carries a calculator prompt (it was bootstrapped before)."""
-    return AgentPrompt.of(load_tokenizer(checkpoint)) != BARE
+def plays(checkpoint: str, env: str = DEFAULT_ENV) -> bool:
+    """Whether the checkpoint's tokenizer carries a prompt of environment `env` (it was bootstrapped before)."""
+    prompt = AgentPrompt.of(load_tokenizer(checkpoint))
+    return prompt != BARE and prompt.environment == env
 
 
 def agent_policy(store: ArtifactStore, checkpoint: str, config: AgentBootstrapConfig, resources: Resources,
                  log: Log = _quiet, force: bool = False) -> dict[str, Any]:
-    """The calculator policy made from `checkpoint` by `config.recipe` (a stage manifest: `PolicyRef.of`
+    """The `config.env` policy made from `checkpoint` by `config.recipe` (a stage manifest: `PolicyRef.of`
     reads it); its metrics are the recipe's report (what it trained on, the fresh on-policy check)."""
     base = PolicyRef.local(checkpoint)
 
@@ -40,5 +41,5 @@ def agent_policy(store: ArtifactStore, checkpoint: str, config: AgentBootstrapCo
                 "metrics": {"recipe": report.recipe, "actions": report.agent["actions"], "rounds": report.rounds,
                             "check": report.check, "wall_seconds": report.wall_seconds}}
 
-    return run_stage(store, "bootstrap", 1, {**asdict(config), "dtype": resources.dtype}, {}, base.digest, compute,
+    return run_stage(store, "bootstrap", 1, {**config.key_fields(), "dtype": resources.dtype}, {}, base.digest, compute,
                      force=force, log=log)

@@ -17,6 +17,7 @@ from typing import Any
 import pandas as pd
 
 from race_core.config import COVER_STAGES, PipelineConfig, replace
+from race_core.decisions import cross_turn_text
 from race_core.policy import checkpoint_digest
 from race_core.scoring import Scorer
 from race_core.tiny import TINY, ensure_checkpoint
@@ -100,6 +101,8 @@ def _cover_stages(config: PipelineConfig, inputs: list[str], checkpoint: str, st
                      out_dir / "rejects.parquet")
     decisions = read_dataset("decisions", out_dir / "decisions.parquet")
     _print_removals(decisions, log)
+    if "cross_turn" in compressed["metrics"]:
+        log(f"cross-turn check: {cross_turn_text(compressed['metrics']['cross_turn'])}")
     run_info = {"command": "race cover", "inputs": inputs, "checkpoint": checkpoint, "store": store.url,
                 "model_digest": model_digest, "epsilon": config.cover.epsilon, "backend": config.cover.backend}
     summary = {**summarize(manifests, run_info), "model_digest": model_digest, "epsilon": config.cover.epsilon,

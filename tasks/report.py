@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from race_core.decisions import cross_turn_text
 from storage.store import ArtifactStore, sha256_bytes
 from tasks.report_html import write_run_page
 
@@ -157,6 +158,9 @@ def render_markdown(summary: dict[str, Any], images: dict[str, str]) -> str:
                   f"rejected lines: {summary.get('trajectories', {}).get('rejected')}",
                   f"- candidate turns scored: {cover.get('candidates')}, reasoning removed in: {cover.get('removed')}",
                   f"- reasoning tokens: {before} -> {after} ({cut:.1f}% fewer)"]
+        if cover.get("cross_turn"):
+            lines.append(f"- cross-turn check: {cross_turn_text(cover['cross_turn'])} (their own action's drop was "
+                         "within ε: a local-only cover would have removed them)")
         if cover.get("render_mode"):
             noise = cover.get("scorer_noise")
             lines.append(f"- render mode: `{cover['render_mode']}`; scorer noise: "

@@ -31,6 +31,7 @@ from typing import Any
 import fsspec
 
 from race_core.config import CoverConfig, IngestConfig, Resources
+from race_core.decisions import CrossTurn, cross_turn_text
 from race_core.importers import RACE, ImportStats, import_stream
 from race_core.progress import ProgressFigures
 from race_core.schema import DUPLICATE, Duplicates, Reject, Trajectory, iter_jsonl_stream
@@ -232,18 +233,19 @@ def compress(store: ArtifactStore, trajectories_digest: str, decisions_digest: s
         refused = {row["trajectory_id"] for row in iter_rows_from_store(store, refused_digest, "rejects")
                    } if refused_digest else set()
         accepted: dict[str, list[int]] = {}
-        candidates = 0
+        cross = CrossTurn()
         for row in iter_rows_from_store(store, decisions_digest, "decisions"):
-            candidates += 0 if row["skipped_empty"] else 1
+            cross.add(row)
             if row["accepted"]:
                 accepted.setdefault(row["trajectory_id"], []).append(int(row["turn"]))
         removals = ((t, accepted.get(t.id, [])) for t in iter_trajectories(store, trajectories_digest)
                     if t.id not in refused)
         manifest = write_compressed(store, removals, checkpoint, model_digest, epsilon)
-        manifest["metrics"]["candidates"] = candidates
+        manifest["metrics"]["candidates"] = candidates = cross.candidates
+        manifest["metrics"]["cross_turn"] = cross_turn = cross.figure()
         m = manifest["metrics"]
         log(f"compress: removed reasoning in {m['removed']} of {candidates} candidate turns; reasoning tokens "
-            f"{m['reasoning_tokens_before']} -> {m['reasoning_tokens_after']}")
+            f"{m['reasoning_tokens_before']} -> {m['reasoning_tokens_after']}; {cross_turn_text(cross_turn)}")
         return manifest
 
     inputs = {"trajectories": trajectories_digest, "decisions": decisions_digest}

@@ -35,6 +35,8 @@ def summarize(manifests: dict[str, dict[str, Any]], run_info: dict[str, Any] | N
         summary["cover"] = {k: m["compress"]["metrics"][k] for k in COVER_COUNTS}
         if "cover" in m:
             summary["cover"].update({k: m["cover"]["metrics"].get(k) for k in ("scorer_noise", "render_mode", "work")})
+        if "cross_turn" in m["compress"]["metrics"]:  # a compress stage stored before it counted them has none
+            summary["cover"]["cross_turn"] = m["compress"]["metrics"]["cross_turn"]
         summary["objects"]["compressed"] = m["compress"]["objects"]["compressed"]
     if "sft" in m:
         summary["objects"]["sft_checkpoint"] = m["sft"]["objects"]["checkpoint"]

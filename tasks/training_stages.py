@@ -103,7 +103,7 @@ def evaluate(store: ArtifactStore, policy: PolicyRef, config: EvalConfig, resour
         from race_core.evaluate import evaluate_policy, heldout_tasks
         from race_core.sampling import make_sampler
 
-        tasks = heldout_tasks(config.tasks, config.seed, shape=config.shape)
+        tasks = heldout_tasks(config.tasks, config.seed, shape=config.shape, env=config.env)
         sampler = model = tokenizer = None
         if config.sampler == "hf":
             model, tokenizer = policy.load(store, resources)

@@ -36,7 +36,7 @@ class Sample:
 def stop_token_ids(tokenizer, renderer: Renderer) -> tuple[int, ...]:
     """Tokens that end an assistant turn: the first token of the turn's closing wrapper (and of a
     tool-call turn's, for a policy that acts by tool calls), and EOS."""
-    from race_core.envs.calculator.agent import TOOLS, AgentPrompt
+    from race_core.envs.agent import TOOLS, AgentPrompt
 
     stops = []
     if renderer.end_ids:

@@ -1,12 +1,13 @@
-"""Any chat checkpoint into a calculator policy (`race bootstrap --checkpoint DIR --out DIR2`).
+"""Any chat checkpoint into a policy of an environment (`race bootstrap --checkpoint DIR --out DIR2
+[--env NAME]`; the calculator by default).
 
-The checkpoint is given the calculator in its own chat format (`AgentPrompt.for_renderer`: the
+The checkpoint is given the environment in its own chat format (`AgentPrompt.for_renderer`: the
 tools through its template where the template renders tool calls, else a system message and text
 actions), the prompt is recorded in its tokenizer (so sampling, evaluation and training later give
 the policy the same prompt), and it is trained until it plays, by one of two recipes:
 
-- `expert-sft`: SFT on the scripted expert's episodes (`race_core.envs.expert`; the kinds expert by
-  default, whose reasoning can carry a result to a later turn), dressed in the model's format
+- `expert-sft`: SFT on the environment's scripted expert's episodes (`Environment.expert_dataset`;
+  the kinds expert by default, whose reasoning can carry a result to a later turn), dressed in the model's format
   (system prompt, tools, tool calls where it takes them) and rendered with its tokenizer's own ids.
 - `expert-iteration`: rounds of sampling the current policy on training tasks, keeping the
   episodes the environment's private judge accepts (well-formed ones), and SFT of the policy on
@@ -31,13 +32,15 @@ from pathlib import Path
 from typing import Any
 
 from race_core.config import SFTConfig
-from race_core.envs.calculator import AgentPrompt, generate_tasks
+from race_core.envs import DEFAULT_ENV, get_environment
+from race_core.envs.agent import AgentPrompt
 from race_core.render import ACTION_PREFIX, CLOSE_MARKER, OPEN_MARKER, Renderer
 from race_core.rollout import Rollout, play_episodes
 from race_core.sampling import SamplingParams
 from race_core.schema import Trajectory
 
 RECIPES = ("expert-sft", "expert-iteration")
+_CALCULATOR_DEFAULT_SHAPE = "two-part"
 REPORT_FILE = "race_bootstrap.json"
 _CHECK_SEED_OFFSET = 7_777_777  # the check's tasks: a training seed no recipe round uses
 _DEMONSTRATION_SEED_OFFSET = 5_555_555  # the demonstrations' tasks: another
@@ -51,11 +54,12 @@ def _quiet(_: str) -> None:
 
 @dataclass(frozen=True)
 class AgentBootstrapConfig:
-    """How a chat checkpoint is trained to play the calculator (`race bootstrap`)."""
+    """How a chat checkpoint is trained to play an environment (`race bootstrap`)."""
 
     recipe: str = "expert-sft"  # expert-sft (scripted expert's episodes) or expert-iteration (its own)
-    shape: str = "two-part"  # task shape: two-part (a result can be carried across turns) or random
-    difficulty: int | None = None  # operations per random-shape task (None: 1-3 at random)
+    env: str = DEFAULT_ENV  # the environment: calculator, or lookup (multi-hop lookups, 5-6 turns)
+    shape: str = "two-part"  # calculator task shape: two-part (a result can be carried across turns) or random; another env: its own
+    difficulty: int | None = None  # calculator: operations per random-shape task (None: 1-3); lookup: entries (3, 4)
     reasoning_kinds: bool = True  # expert-sft: the kinds expert (reasoning that can matter later)
     expert_tasks: int = 384  # expert-sft: expert episodes
     expert_seed: int = 0  # expert-sft: which training tasks
@@ -76,6 +80,22 @@ class AgentBootstrapConfig:
     def __post_init__(self) -> None:
         if self.recipe not in RECIPES:
             raise ValueError(f"parameter 'recipe': {self.recipe!r} is not one of {RECIPES}")
+        env = get_environment(self.env)
+        if self.shape == _CALCULATOR_DEFAULT_SHAPE and self.shape not in env.shapes:
+            object.__setattr__(self, "shape", env.shapes[0])  # the default names a calculator shape
+        env.check(self.shape, self.difficulty)
+
+    @property
+    def environment(self):
+        return get_environment(self.env)
+
+    def key_fields(self) -> dict[str, Any]:
+        """The fields the bootstrap stage's key hashes: `env` only when it is not the calculator (the
+        keys of calculator bootstraps stay what they were)."""
+        fields = asdict(self)
+        if fields["env"] == DEFAULT_ENV:
+            del fields["env"]
+        return fields
 
 
 @dataclass
@@ -93,12 +113,10 @@ class AgentBootstrapReport:
 
 
 def dress_expert_trajectories(config: AgentBootstrapConfig, agent: AgentPrompt):
-    """The scripted expert's successful episodes in the agent's format."""
-    from race_core.envs.expert import expert_dataset
-
-    trajectories = expert_dataset(config.expert_tasks, config.expert_seed, config.difficulty,
-                                  empty_reasoning_share=config.empty_reasoning_share,
-                                  reasoning_kinds=config.reasoning_kinds, shape=config.shape)
+    """The environment's scripted expert's successful episodes in the agent's format."""
+    trajectories = config.environment.expert_dataset(config.expert_tasks, config.expert_seed, config.difficulty,
+                                                     empty_reasoning_share=config.empty_reasoning_share,
+                                                     reasoning_kinds=config.reasoning_kinds, shape=config.shape)
     return [agent.dress(t) for t in trajectories]
 
 
@@ -126,13 +144,11 @@ def demonstrated(agent: AgentPrompt, renderer: Renderer, config: AgentBootstrapC
     """`agent` whose system message also shows `config.demonstrations` expert episodes (of tasks of a
     seed no round draws), each turn as the model would write it (`<think>...</think>`, then its
     action in the agent's form) followed by the result."""
-    from race_core.envs.expert import expert_dataset
-
     if not config.demonstrations:
         return agent
-    shown = expert_dataset(config.demonstrations, config.seed + _DEMONSTRATION_SEED_OFFSET, config.difficulty,
-                           empty_reasoning_share=config.empty_reasoning_share,
-                           reasoning_kinds=config.reasoning_kinds, shape=config.shape)
+    shown = config.environment.expert_dataset(config.demonstrations, config.seed + _DEMONSTRATION_SEED_OFFSET,
+                                              config.difficulty, empty_reasoning_share=config.empty_reasoning_share,
+                                              reasoning_kinds=config.reasoning_kinds, shape=config.shape)
     blocks = []
     for trajectory in (agent.dress(t) for t in shown):
         lines = [f"Task: {trajectory.question}"]
@@ -145,12 +161,13 @@ def demonstrated(agent: AgentPrompt, renderer: Renderer, config: AgentBootstrapC
 
 def bootstrap_agent(model, tokenizer, config: AgentBootstrapConfig = AgentBootstrapConfig(), log: Log = _quiet
                     ) -> AgentBootstrapReport:
-    """Train `model` (in place) to play the calculator by `config.recipe`; the tokenizer gets the
+    """Train `model` (in place) to play `config.env` by `config.recipe`; the tokenizer gets the
     agent prompt. Returns what was trained on and the fresh on-policy check."""
     from race_core.train.sft import train_sft
 
     started = time.perf_counter()
-    agent = AgentPrompt.for_renderer(Renderer(tokenizer))
+    env = config.environment
+    agent = AgentPrompt.for_renderer(Renderer(tokenizer), env)
     agent.attach(tokenizer)
     log(f"bootstrap: {config.recipe}; actions as {agent.actions} "
         f"({'the template renders tool calls' if agent.actions == 'tools' else 'described in the system message'})")
@@ -173,7 +190,7 @@ def bootstrap_agent(model, tokenizer, config: AgentBootstrapConfig = AgentBootst
         prompted = demonstrated(agent, Renderer(tokenizer), config)
         for k in range(config.rounds):
             seed = config.seed + 1000 * (k + 1)
-            tasks = generate_tasks(config.round_tasks, seed, config.difficulty, split="train", shape=config.shape)
+            tasks = env.generate_tasks(config.round_tasks, seed, config.difficulty, split="train", shape=config.shape)
             rollouts = play(model, tokenizer, tasks, config.round_samples, config, seed, prompted, log,
                             f"round {k + 1}/{config.rounds} sampling")
             kept: dict[str, Trajectory] = {}
@@ -188,8 +205,8 @@ def bootstrap_agent(model, tokenizer, config: AgentBootstrapConfig = AgentBootst
             if kept:
                 entry.update(sft(list(kept.values()), f"round {k + 1}"))
             rounds.append(entry)
-    check_tasks = generate_tasks(config.check_tasks, config.seed + _CHECK_SEED_OFFSET, config.difficulty,
-                                 split="train", shape=config.shape)
+    check_tasks = env.generate_tasks(config.check_tasks, config.seed + _CHECK_SEED_OFFSET, config.difficulty,
+                                     split="train", shape=config.shape)
     check = _episode_figures(play(model, tokenizer, check_tasks, config.check_samples, config,
                                   config.seed + _CHECK_SEED_OFFSET, log=log, label="check"))
     log(f"bootstrap check: {check['succeeded']} of {check['episodes']} fresh on-policy episodes succeeded")
