@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
@@ -141,7 +142,25 @@ def parse_tool_calls(text: str) -> tuple[ToolCall, ...]:
     """The tool calls written in `text`, in the formats chat templates use: every JSON object with a
     string `name` and an object `arguments` (or `parameters`), alone or in a JSON list, wherever it
     stands (Hermes `<tool_call>` blocks, Llama-3 JSON, Mistral `[TOOL_CALLS] [...]`). Arguments
-    written as a JSON string of an object are decoded once."""
+    written as a JSON string of an object are decoded once. A text with no JSON call may hold
+    `<tool_call>` blocks of Python-literal calls (`{'name': 'f', 'arguments': {...}}`, as the Hermes
+    data sets write them), read by `race_core.importers.common.python_literal` (never eval)."""
+    calls = _json_calls(text)
+    if calls:
+        return tuple(calls)
+    from race_core.importers.common import python_literal
+
+    for block in _TOOL_CALL_BLOCK.findall(text):
+        value, why = python_literal(block)
+        if why is None:
+            calls.extend(c for item in (value if isinstance(value, list) else [value]) if (c := _as_call(item)))
+    return tuple(calls)
+
+
+_TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+
+def _json_calls(text: str) -> list[ToolCall]:
     decoder = json.JSONDecoder()
     calls: list[ToolCall] = []
     at = 0
@@ -155,7 +174,7 @@ def parse_tool_calls(text: str) -> tuple[ToolCall, ...]:
             if call := _as_call(item):
                 calls.append(call)
         at = end
-    return tuple(calls)
+    return calls
 
 
 def _next_json(text: str, start: int) -> int:

@@ -129,3 +129,40 @@ def test_a_log_rendered_with_calls_as_json_text_imports_to_the_same_trajectory(r
 @given(log=source_logs(parallel=False, with_tools=True))
 def test_a_log_rendered_with_native_tool_calls_imports_to_the_same_trajectory(renderers, log):
     round_trip(renderers["template"], *log)
+
+
+@st.composite
+def hermes_literal_logs(draw) -> tuple[dict, dict]:
+    """(a ShareGPT record whose calls are written as the Hermes data sets write them, Python literals
+    in `<tool_call>` blocks, the trajectory it holds)."""
+    question = draw(ACTION_TEXT)
+    conversations = [{"from": "human", "value": question}]
+    turns = []
+    count = draw(st.integers(1, 3))
+    for t in range(count):
+        call = {"name": draw(NAME), "arguments": draw(ARGUMENTS)}
+        literal = repr({"arguments": call["arguments"], "name": call["name"]})
+        conversations.append({"from": "gpt", "value": f"<tool_call>\n{literal}\n</tool_call>"})
+        result = draw(OBSERVATION.map(str.strip).filter(bool))
+        conversations.append({"from": "tool", "value": f"<tool_response>\n{result}\n</tool_response>"})
+        turns.append({"reasoning": "", "action": call, "observation": result})
+    conversations.append({"from": "gpt", "value": "done"})
+    turns.append({"reasoning": "", "action": "done", "observation": ""})
+    return {"conversations": conversations, "successful": True}, {"question": question, "system": "", "tools": [],
+                                                                  "turns": turns}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(log=hermes_literal_logs())
+def test_hermes_python_literal_calls_import_render_and_reimport_to_the_same_trajectory(renderers, log):
+    record, expected = log
+    items = list(import_stream(_Bytes(json.dumps(record).encode()), "hermes.jsonl", "sharegpt"))
+    assert len(items) == 1 and isinstance(items[0], Trajectory), items
+    first = items[0]
+    assert without_ids(first) == expected["turns"] and first.question == expected["question"]
+    assert len(first.extra["tool_call_text"]) == len(expected["turns"]) - 1  # each literal call's text kept
+    for name in ("json", "template"):  # rendered (calls as JSON), imported again: the same trajectory and ids
+        renderer = renderers[name]
+        again = imported({"messages": renderer.chat_messages(first), "successful": True})
+        assert without_ids(again) == without_ids(first) and "tool_call_text" not in again.extra
+        assert renderer.render(again).input_ids.tolist() == renderer.render(first).input_ids.tolist()

@@ -344,3 +344,53 @@ def test_a_record_without_a_success_flag_is_told_every_key_looked_for(tmp_path):
         [reject] = list(import_stream(fh, str(path), "swe-agent"))
     assert (reject.code, reject.field) == ("no_success_flag", "<record>")
     assert "looked for successful, success, resolved, reward, info.exit_status" in reject.message
+
+
+def test_hermes_function_calling_v1_as_published_writes_its_calls_as_python_literals():
+    """The data set's own records (fixture after its card): calls `{'arguments': {...}, 'name': ...}` with
+    single quotes and True / None are read as calls, the text kept in `extra`; results stay as written."""
+    (flights, prices), rejects, stats = imported("hermes_function_calling_v1.jsonl", "auto", assume_successful=True)
+    assert stats.formats == {"hermes_function_calling_v1.jsonl": "sharegpt"}
+    assert flights["question"] == "Find economy flights from Oslo to Rome on 2024-05-02 that I can cancel."
+    assert flights["system"].startswith("You are a function calling AI model.")
+    assert flights["turns"][0]["action"] == {"name": "search_flights", "arguments": {
+        "origin": "Oslo", "destination": "Rome", "date": "2024-05-02", "class": "economy", "flexible_cancellation": True,
+        "max_stops": None, "seats": 1}}
+    # a <tool_response> body that is a Python literal is the observation, unchanged
+    assert flights["turns"][0]["observation"] == ("{'name': 'search_flights', 'content': {'flights': [{'id': 'SK4711', "
+                                                  "'price': 129.5, 'refundable': True}, {'id': 'AZ611', 'price': 99.0, "
+                                                  "'refundable': False}]}}")
+    assert flights["turns"][1] == {"reasoning": "", "observation": "", "action": (
+        "Flight SK4711 costs 129.50 and can be cancelled; AZ611 is cheaper but not refundable.")}
+    assert flights["tool_call_text"] == [{"at": "conversations[2].content: <tool_call> 1", "text": (
+        "{'arguments': {'origin': 'Oslo', 'destination': 'Rome', 'date': '2024-05-02', 'class': 'economy', "
+        "'flexible_cancellation': True, 'max_stops': None, 'seats': 1}, 'name': 'search_flights'}")}]
+    assert (flights["source_id"], flights["category"], flights["task"]) == ("a1f0c2", "Travel", "Search flights")
+    # two blocks: parallel calls, one turn; a double-quoted string inside a literal
+    assert prices["turns"][0]["action"] == [{"name": "get_price", "arguments": {"symbol": "ACME", "exchange": "O'Hare"}},
+                                            {"name": "get_price", "arguments": {"symbol": "INITECH", "exchange": None}}]
+    assert [t["at"] for t in prices["tool_call_text"]] == ["conversations[2].content: <tool_call> 1",
+                                                           "conversations[2].content: <tool_call> 2"]
+    # neither JSON nor a literal (a function call inside): refused with both parsers' reasons, never run
+    [bad] = rejects
+    assert bad.code == "malformed_call" and "is not valid JSON: Expecting property name" in bad.message
+    assert "nor a Python literal call: Call is not a literal" in bad.message
+
+
+def test_a_python_literal_call_is_bounded_and_must_be_a_call_of_json_values():
+    from race_core.importers.common import MAX_LITERAL_DEPTH, SkipRecord, arguments_of, calls_from_json, python_literal
+
+    assert python_literal("{'a': (1, 2), 'b': -3.5, 'c': None}") == ({"a": [1, 2], "b": -3.5, "c": None}, None)
+    deep = "[" * (MAX_LITERAL_DEPTH + 1) + "]" * (MAX_LITERAL_DEPTH + 1)
+    for text, why in ((deep, "nested deeper than"), ("{1, 2}", "Set is not a literal"), ("{'a': b'x'}", "bytes"),
+                      ("{'a': 1e999}", "not a finite number"), ("{1: 'x'}", "not a string"), ("'x' * 10**9", "BinOp"),
+                      ("x" * 2_000_000, "longer than")):
+        value, reason = python_literal(text)
+        assert value is None and why in reason, (text[:20], reason)
+    assert calls_from_json("{'name': 'f', 'parameters': {'a': True}}", "w") == [{"name": "f", "arguments": {"a": True}}]
+    assert calls_from_json('{"name": "f", "parameters": {"a": 1}}', "w") == [{"name": "f", "arguments": {"a": 1}}]
+    with pytest.raises(SkipRecord, match="nor a Python literal call: not a call"):
+        calls_from_json("{'name': 'f', 'arguments': ['a']}", "w")
+    assert arguments_of("{'city': 'Oslo', 'metric': False}", "w") == {"city": "Oslo", "metric": False}
+    with pytest.raises(SkipRecord, match="nor a Python literal dict: a list, not a dict"):
+        arguments_of("['Oslo']", "w")

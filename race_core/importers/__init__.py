@@ -44,6 +44,7 @@ from race_core.importers.common import (
     UNKNOWN_FORMAT,
     Conversation,
     SkipRecord,
+    normalised_calls,
     success_flag,
 )
 from race_core.importers.reader import RecordReader
@@ -209,7 +210,8 @@ def contract_record(spec: Format, record: Any, source: str, line: int, options: 
                                                       f"--assume-successful if every record of this input succeeded")
     if verdict is not None and not verdict[0]:
         raise SkipRecord(NOT_SUCCESSFUL, verdict[1], f"the record did not succeed: {verdict[1]} is {verdict[2]!r}")
-    conversation = spec.convert(record, source)
+    with normalised_calls() as normalised:
+        conversation = spec.convert(record, source)
     out: dict[str, Any] = {
         "question": conversation.question,
         "environment": _given(record, "environment", options.environment or spec.name),
@@ -223,6 +225,8 @@ def contract_record(spec: Format, record: Any, source: str, line: int, options: 
     if conversation.tools:
         out["tools"] = conversation.tools
     extra = {"source_format": spec.name, "source_file": source, "source_line": line, **conversation.extra}
+    if normalised:  # calls read as Python literals: their text as the source wrote it
+        extra["tool_call_text"] = normalised
     read = {*conversation.consumed, "environment", "source_revision", "split", *SUCCESS_KEYS, REWARD_KEY}
     for key, value in record.items():
         if key not in read:

@@ -5,17 +5,35 @@ assembly of turns from steps and results.
 A format module turns one source record into a `Conversation` (question, system, tools, turns) or
 raises `SkipRecord` naming the bad field; `race_core.importers` adds what every record gets
 (environment, source revision, the source's ids) and validates the result with the contract.
+
+A call's text that is not JSON may be a Python literal (the Hermes function-calling data sets write
+`{'arguments': {'a': True}, 'name': 'f'}`): it is read with `ast.literal_eval` alone (never eval),
+bounded in size and depth like JSON input, and must be a call (a string `name`, a dict `arguments`
+or `parameters`) of JSON values. Every text read that way is kept (`normalised_calls`), so the
+record's `extra["tool_call_text"]` says what was normalised.
 """
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import json
 import math
 import re
+from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-from race_core.schema import BAD_SPLIT, BAD_TOOLS, EMPTY_ACTION, MISSING_FIELD, NOT_OBJECT, NOT_SUCCESSFUL
+from race_core.schema import (
+    BAD_SPLIT,
+    BAD_TOOLS,
+    DEFAULT_LIMITS,
+    EMPTY_ACTION,
+    MISSING_FIELD,
+    NOT_OBJECT,
+    NOT_SUCCESSFUL,
+)
 
 # Reasons a record is skipped (with the contract's own codes: not_json, line_too_long, bad_split, ...).
 NO_SUCCESS_FLAG = "no_success_flag"  # the record says nothing about success and --assume-successful is off
@@ -188,14 +206,21 @@ def json_object(text: str) -> dict[str, Any] | None:
 
 def arguments_of(value: Any, where: str) -> dict[str, Any]:
     """A call's arguments: an object, or a JSON string of one (OpenAI's form), also one encoded
-    twice. Missing, null or an empty string is a call without arguments."""
+    twice, or a Python-literal dict. Missing, null or an empty string is a call without arguments."""
     if value is None or (isinstance(value, str) and not value.strip()):
         return {}
     if isinstance(value, str):
         try:
             decoded = json.loads(value)
         except json.JSONDecodeError as exc:
-            raise SkipRecord(MALFORMED_CALL, where, f"is not valid JSON: {exc.msg} at column {exc.colno}") from None
+            decoded, why = python_literal(value)
+            if why is None and not isinstance(decoded, dict):
+                why = f"a {type(decoded).__name__}, not a dict"
+            if why is not None:
+                raise SkipRecord(MALFORMED_CALL, where, f"is not valid JSON: {exc.msg} at column {exc.colno}; "
+                                                        f"nor a Python literal dict: {why}") from None
+            if (texts := _normalised.get()) is not None:
+                texts.append({"at": where, "text": value})
         value = json_object(decoded) if isinstance(decoded, str) else decoded
         if value is None:
             raise SkipRecord(MALFORMED_CALL, where, "a JSON string whose content is not a JSON object")
@@ -229,21 +254,107 @@ def call_objects(raw: Any, where: str) -> list[tuple[str, dict[str, Any]]]:
     return [(f"{where}[{k}]", call) for k, call in enumerate(raw)]
 
 
+MAX_LITERAL_CHARS = DEFAULT_LIMITS.max_field_chars  # a Python-literal call's text, as a JSON field's
+MAX_LITERAL_DEPTH = DEFAULT_LIMITS.max_depth  # its nesting, as JSON input's
+_LITERAL_NODES = (ast.Expression, ast.Dict, ast.List, ast.Tuple, ast.Constant, ast.UnaryOp, ast.USub, ast.UAdd,
+                  ast.Load)
+_normalised: ContextVar[list[dict[str, str]] | None] = ContextVar("normalised_calls", default=None)
+
+
+@contextlib.contextmanager
+def normalised_calls() -> Iterator[list[dict[str, str]]]:
+    """Collects, while open, every call text read as a Python literal: `{"at": where, "text": text}`."""
+    texts: list[dict[str, str]] = []
+    token = _normalised.set(texts)
+    try:
+        yield texts
+    finally:
+        _normalised.reset(token)
+
+
+def python_literal(text: str) -> tuple[Any, str | None]:
+    """(value, None) for a text that is one Python literal of JSON values (dicts with string keys,
+    lists or tuples, strings, finite numbers, True / False / None); (None, why not) otherwise. Read
+    by `ast.literal_eval` over a parsed tree of literal nodes only, at most MAX_LITERAL_CHARS long
+    and MAX_LITERAL_DEPTH deep."""
+    if len(text) > MAX_LITERAL_CHARS:
+        return None, f"longer than {MAX_LITERAL_CHARS} characters"
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        return None, f"{type(exc).__name__}: {getattr(exc, 'msg', None) or exc}"
+    depth: dict[int, int] = {id(tree): 0}
+    for node in ast.walk(tree):
+        if not isinstance(node, _LITERAL_NODES):
+            return None, f"{type(node).__name__} is not a literal"
+        for child in ast.iter_child_nodes(node):
+            depth[id(child)] = depth[id(node)] + isinstance(child, ast.Dict | ast.List | ast.Tuple)
+            if depth[id(child)] > MAX_LITERAL_DEPTH:
+                return None, f"nested deeper than {MAX_LITERAL_DEPTH}"
+    try:
+        value = ast.literal_eval(tree)
+    except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError) as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+    try:
+        return _json_value(value), None
+    except ValueError as exc:
+        return None, str(exc)
+
+
+def _json_value(value: Any) -> Any:
+    """`value` as JSON would hold it (tuples as lists); ValueError naming what JSON cannot hold."""
+    if value is None or isinstance(value, bool | str):
+        return value
+    if isinstance(value, int | float):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{value!r} is not a finite number")
+        return value
+    if isinstance(value, list | tuple):
+        return [_json_value(v) for v in value]
+    if isinstance(value, dict):
+        if not all(isinstance(k, str) for k in value):
+            raise ValueError("a dict key that is not a string")
+        return {k: _json_value(v) for k, v in value.items()}
+    raise ValueError(f"a {type(value).__name__}, which JSON cannot hold")
+
+
+def _literal_call(text: str, json_error: json.JSONDecodeError, where: str) -> Any:
+    """The call(s) a Python-literal text holds (recorded by `normalised_calls`); else `SkipRecord`
+    giving both parsers' reasons."""
+    value, why = python_literal(text)
+    calls = value if isinstance(value, list) else [value]
+    if why is None and not (calls and all(_is_call_object(c) for c in calls)):
+        why = "not a call (a string 'name' and a dict 'arguments' or 'parameters')"
+    if why is not None:
+        raise SkipRecord(MALFORMED_CALL, where, f"is not valid JSON: {json_error.msg} at column {json_error.colno}; "
+                                                f"nor a Python literal call: {why}")
+    if (texts := _normalised.get()) is not None:
+        texts.append({"at": where, "text": text})
+    return value
+
+
+def _is_call_object(call: Any) -> bool:
+    arguments = call.get("arguments", call.get("parameters")) if isinstance(call, dict) else None
+    return isinstance(call, dict) and isinstance(call.get("name"), str) and isinstance(arguments, dict)
+
+
 # Glaive's function calls quote the arguments' JSON in single quotes: {"name": "f", "arguments": '{"a": 1}'}
 _SINGLE_QUOTED_ARGUMENTS = re.compile(
     r'\A\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*\'(.*)\'\s*}\s*\Z', re.DOTALL)
 
 
 def calls_from_json(text: str, where: str) -> list[dict[str, Any]]:
-    """The calls a JSON text holds: one `{"name", "arguments"}` object or a list of them (parallel
-    calls), `arguments` an object or a JSON string of one (Glaive's single-quoted one too)."""
+    """The calls a JSON text holds: one `{"name", "arguments"}` object (Llama's `parameters` for
+    `arguments` too) or a list of them (parallel calls), `arguments` an object or a JSON string of
+    one (Glaive's single-quoted one too); a text that is not JSON may be a Python-literal call."""
     try:
         parsed = json.loads(text)
     except json.JSONDecodeError as exc:
         quoted = _SINGLE_QUOTED_ARGUMENTS.match(text)
         if quoted is None:
-            raise SkipRecord(MALFORMED_CALL, where, f"is not valid JSON: {exc.msg} at column {exc.colno}") from None
-        parsed = {"name": json.loads(quoted.group(1)), "arguments": quoted.group(2)}
+            parsed = _literal_call(text, exc, where)
+        else:
+            parsed = {"name": json.loads(quoted.group(1)), "arguments": quoted.group(2)}
     objects = parsed if isinstance(parsed, list) else [parsed]
     if not objects:
         raise SkipRecord(MALFORMED_CALL, where, "an empty list of calls")
@@ -252,7 +363,8 @@ def calls_from_json(text: str, where: str) -> list[dict[str, Any]]:
         at = where + (f"[{k}]" if isinstance(parsed, list) else "")
         if not isinstance(call, dict):
             raise SkipRecord(MALFORMED_CALL, at, f"a call must be an object, got {type(call).__name__}")
-        calls.append(tool_call(call.get("name"), call.get("arguments"), at))
+        arguments = call["arguments"] if "arguments" in call else call.get("parameters")
+        calls.append(tool_call(call.get("name"), arguments, at))
     return calls
 
 
