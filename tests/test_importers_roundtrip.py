@@ -139,7 +139,7 @@ def hermes_literal_logs(draw) -> tuple[dict, dict]:
     conversations = [{"from": "human", "value": question}]
     turns = []
     count = draw(st.integers(1, 3))
-    for t in range(count):
+    for _ in range(count):
         call = {"name": draw(NAME), "arguments": draw(ARGUMENTS)}
         literal = repr({"arguments": call["arguments"], "name": call["name"]})
         conversations.append({"from": "gpt", "value": f"<tool_call>\n{literal}\n</tool_call>"})

@@ -378,7 +378,13 @@ def test_hermes_function_calling_v1_as_published_writes_its_calls_as_python_lite
 
 
 def test_a_python_literal_call_is_bounded_and_must_be_a_call_of_json_values():
-    from race_core.importers.common import MAX_LITERAL_DEPTH, SkipRecord, arguments_of, calls_from_json, python_literal
+    from race_core.importers.common import (
+        MAX_LITERAL_DEPTH,
+        SkipRecord,
+        arguments_of,
+        calls_from_json,
+        python_literal,
+    )
 
     assert python_literal("{'a': (1, 2), 'b': -3.5, 'c': None}") == ({"a": [1, 2], "b": -3.5, "c": None}, None)
     deep = "[" * (MAX_LITERAL_DEPTH + 1) + "]" * (MAX_LITERAL_DEPTH + 1)
