@@ -49,7 +49,7 @@ def add_import_parser(subparsers):
 def cmd_import(args) -> int:
     import fsspec
 
-    from race_core.importers import AUTO, ImportStats, import_stream
+    from race_core.importers import AUTO, ImportStats, import_stream, left_out_text
     from race_core.schema import Duplicates, Reject
     from tasks.stages import expand_inputs
 
@@ -75,6 +75,8 @@ def cmd_import(args) -> int:
     print(f"race import: {stats.read} record(s) read from {len(files)} file(s) = {stats.imported} trajectories "
           f"written to {args.out} + {skipped} record(s) skipped" + (f" ({reasons})" if reasons else "")
           + f" + {stats.duplicates} duplicate(s) merged into the first of each", file=sys.stderr)
+    if stats.left_out_steps:
+        print(f"race import: {left_out_text(stats)}", file=sys.stderr)
     if stats.assumed_successful:
         print(f"race import: warning: {stats.assumed_successful} of the trajectories written carry no success flag "
               f"and were taken as successful (--assume-successful)", file=sys.stderr)

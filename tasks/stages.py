@@ -32,7 +32,7 @@ import fsspec
 
 from race_core.config import CoverConfig, IngestConfig, Resources
 from race_core.decisions import CrossTurn, cross_turn_text
-from race_core.importers import RACE, ImportStats, import_stream
+from race_core.importers import RACE, ImportStats, import_stream, left_out_text
 from race_core.progress import ProgressFigures
 from race_core.schema import DUPLICATE, Duplicates, Reject, Trajectory, iter_jsonl_stream
 from storage import ArtifactStore
@@ -171,6 +171,9 @@ def ingest(store: ArtifactStore, inputs: Iterable[str], config: IngestConfig = I
         if imported.assumed_successful:
             log(f"ingest: warning: {imported.assumed_successful} {config.format} record(s) carry no success flag "
                 f"and were taken as successful (assume_successful)")
+        if imported.left_out_steps:
+            metrics["left_out_steps"] = imported.left_out_steps
+            log(f"ingest: {left_out_text(imported)}")
     produced = {"objects": {"trajectories": good.digest, "rejects": bad.digest}, "metrics": metrics,
                 "files_read": [{"file": f, **files_read[f]} for f in files]}
     inputs_read = {"files": _canonical_inputs({f: r["sha256"] for f, r in files_read.items()})}

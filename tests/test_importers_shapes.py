@@ -201,11 +201,12 @@ def test_swe_agent_function_calling_keeps_the_calls_and_what_the_contract_has_no
     assert json.loads(t["replay_config"])["agent"]["tools"] == t["tool_config"]
     assert t["info"]["swe_agent_version"] == "1.1.0" and "exit_status" not in t["info"]
     assert (t["exit_status"], t["instance_id"], t["environment"]) == ("submitted", "parser__parser-7", "main")
-    # the requeried step (no tool call, never shown to the model again) is no turn, and is kept
-    assert [(s["index"], s["thought"], s["action"]) for s in t["retried_steps"]] == [
-        (1, "I will edit the file now.", "")]
+    # the requeried step (no tool call, never shown to the model again) is no turn, and is kept and counted
+    assert [(s["index"], s["thought"], s["action"], s["why"]) for s in t["left_out_steps"]] == [
+        (1, "I will edit the file now.", "", "not in the history: retried, the model never saw it")]
+    assert stats.left_out_steps == 1 and stats.left_out_trajectories == 1 and "history_unpaired" not in t
     assert [s["execution_time"] for s in t["steps"]] == [0.12, 1.12, 2.12]
-    assert not any("query" in s for s in t["steps"] + t["retried_steps"])
+    assert not any("query" in s for s in t["steps"] + t["left_out_steps"])
 
 
 def test_alpaca_records_with_react_output_take_instruction_and_input_as_the_question():
@@ -400,3 +401,22 @@ def test_a_python_literal_call_is_bounded_and_must_be_a_call_of_json_values():
     assert arguments_of("{'city': 'Oslo', 'metric': False}", "w") == {"city": "Oslo", "metric": False}
     with pytest.raises(SkipRecord, match="nor a Python literal dict: a list, not a dict"):
         arguments_of("['Oslo']", "w")
+
+
+def test_a_swe_agent_run_follows_the_history_and_says_which_steps_it_left_out(capsys, tmp_path):
+    """An EnIGMA (SWE-agent 0.x) CTF run: five executed steps, four in the history the model saw (the
+    edit the linter rejected was retried, and only the retry stayed); the history's actions and
+    thoughts differ from the steps' by a trailing newline."""
+    [t], rejects, stats = imported("ctf__xor-me.traj", "auto")
+    assert rejects == [] and [turn["action"] for turn in t["turns"]] == [
+        "open decode.py", "edit 3:3\n    key = 0x13 ^ ord(c)\nend_of_edit", "python decode.py cipher.txt",
+        "submit 'flag{x0r_1s_n0t_crypt0}'"]
+    assert t["turns"][1]["observation"] == "File updated."
+    [left] = t["left_out_steps"]
+    assert (left["index"], left["action"], left["observation"].split(".")[0]) == (
+        1, "edit 3:3\n    key = 0x13 ^ ord(c\nend_of_edit\n", "Your proposed edit has introduced new syntax error(s)")
+    assert (stats.left_out_steps, stats.left_out_trajectories) == (1, 1)
+    assert main(["import", "--format", "swe-agent", "--input", str(FIXTURES / "ctf__xor-me.traj"),
+                 "--out", str(tmp_path / "out.jsonl")]) == 0
+    assert ("race import: 1 step(s) of 1 trajectories left out: the run's other record has them, the history the "
+            "model saw does not (kept in extra.left_out_steps)") in capsys.readouterr().err

@@ -38,6 +38,7 @@ from typing import Any
 
 from race_core.importers import langchain, openai, react, responses, sharegpt, swe_agent
 from race_core.importers.common import (
+    LEFT_OUT,
     NO_SUCCESS_FLAG,
     REWARD_KEY,
     SUCCESS_KEYS,
@@ -112,6 +113,8 @@ class ImportStats:
     skipped: Counter = field(default_factory=Counter)  # reason code -> records
     duplicates: int = 0  # records whose trajectory was read before: merged into the first
     assumed_successful: int = 0  # trajectories imported without a success flag, taken as successful
+    left_out_steps: int = 0  # steps of a run's other record that the one followed leaves out (extra.left_out_steps)
+    left_out_trajectories: int = 0  # trajectories with such steps
     formats: dict[str, str] = field(default_factory=dict)  # file -> the format --format auto picked for it
 
     @property
@@ -122,10 +125,19 @@ class ImportStats:
         if isinstance(item, Trajectory):
             self.imported += 1
             self.assumed_successful += assumed
+            left_out = len(item.extra.get(LEFT_OUT) or ())
+            self.left_out_steps += left_out
+            self.left_out_trajectories += left_out > 0
         elif item.code == DUPLICATE:
             self.duplicates += 1
         else:
             self.skipped[item.code] += 1
+
+
+def left_out_text(stats: ImportStats) -> str:
+    """The summary line of the steps left out (`ImportStats.left_out_steps`)."""
+    return (f"{stats.left_out_steps} step(s) of {stats.left_out_trajectories} trajectories left out: the run's "
+            "other record has them, the history the model saw does not (kept in extra.left_out_steps)")
 
 
 def format_named(name: str) -> Format:
@@ -227,6 +239,8 @@ def contract_record(spec: Format, record: Any, source: str, line: int, options: 
     extra = {"source_format": spec.name, "source_file": source, "source_line": line, **conversation.extra}
     if normalised:  # calls read as Python literals: their text as the source wrote it
         extra["tool_call_text"] = normalised
+    if conversation.left_out:
+        extra[LEFT_OUT] = conversation.left_out
     read = {*conversation.consumed, "environment", "source_revision", "split", *SUCCESS_KEYS, REWARD_KEY}
     for key, value in record.items():
         if key not in read:

@@ -75,6 +75,12 @@ class Conversation:
     tools: list[Any] | None = None
     consumed: tuple[str, ...] = ()  # record keys read into the fields above (the rest go to `extra`)
     extra: dict[str, Any] = field(default_factory=dict)  # what the source holds beyond the contract's fields
+    # steps of one of two parallel records of a run that the other (the one followed: what the model
+    # saw) leaves out, each {"index", "why", the step's fields}: written to extra[LEFT_OUT] and counted
+    left_out: list[dict[str, Any]] = field(default_factory=list)
+
+
+LEFT_OUT = "left_out_steps"  # the extra key of `Conversation.left_out`
 
 
 def required_list(record: dict[str, Any], key: str, what: str, missing_as: str | None = None) -> list[Any]:

@@ -3,14 +3,17 @@
 
 - `trajectory` steps `{"thought", "action", "observation", ...}`: one turn each; the action is the
   shell or editor command as text.
-- SWE-agent 1.x also writes each step the model saw into the history (an assistant entry with the
-  step's `thought` and `action`, `message_type` "action"). The steps are paired with those entries
-  in order: a step with no entry is one the agent retried (its output could not be parsed or was
-  blocked) and the model never saw again: it is no turn, and is kept in `extra` (`retried_steps`).
+- SWE-agent also writes each step the model saw into the history (an assistant entry with the
+  step's `thought` and `action`, `message_type` "action" in 1.x). The history is what the model saw,
+  so it is what is followed: the steps are paired with those entries in order (actions and thoughts
+  compared without their surrounding whitespace), and a step with no entry is one the agent retried
+  (its output could not be parsed, was blocked, or an edit the linter rejected) that the model never
+  saw again: it is no turn, and is kept in `extra["left_out_steps"]` (its index, why, and its fields)
+  and counted in the import's summary.
   A run made with function calling keeps the model's real call: the entry's `tool_calls` are the
   turn's action (`{"name": "bash", "arguments": {"command": ...}}`, call ids kept), and its
-  `thinking_blocks` join the reasoning. When the steps and entries do not pair up, every step is
-  a turn with its text action.
+  `thinking_blocks` join the reasoning. When the steps and entries do not pair up (an entry no
+  step matches), every step is a turn with its text action, and `extra["history_unpaired"]` says so.
 - `history`: the first system message is the system prompt, the first user message (the problem
   statement with its instructions) the question. Demonstrations (`is_demo`, or `message_type`
   "demonstration") are examples the agent was shown, not this run: they are passed over.
@@ -47,6 +50,7 @@ from race_core.schema import EMPTY_ACTION
 NAME = "swe-agent"
 SUBMITTED = "submitted"
 STEP_FIELDS = ("thought", "action", "observation")
+RETRIED = "not in the history: retried, the model never saw it"
 HISTORY_COPIES = ("query", "messages")  # per step: the history again, left out
 INFO_FIELDS = ("exit_status", "submission", "model_stats")  # kept under their own names
 
@@ -73,10 +77,11 @@ def convert(record: dict[str, Any], source: str) -> Conversation:
     if not turns:
         raise SkipRecord(NO_TURNS, "trajectory", "has no step")
     extra = _extra(record, source, [steps[i] for i, _ in pairs])
+    if pairs and pairs[0][1] is None and any(_entries(history)):
+        extra["history_unpaired"] = True
     retried = sorted(set(range(len(steps))) - {i for i, _ in pairs})
-    if retried:
-        extra["retried_steps"] = [{"index": i, **_kept(steps[i])} for i in retried]
-    return Conversation(question=question, turns=turns, system=system, extra=extra,
+    left_out = [{"index": i, "why": RETRIED, **_kept(steps[i])} for i in retried]
+    return Conversation(question=question, turns=turns, system=system, extra=extra, left_out=left_out,
                         consumed=("trajectory", "history", "info", "replay_config", "instance_id"))
 
 
@@ -119,16 +124,24 @@ def _step(step: Any, where: str) -> dict[str, str]:
     return values
 
 
+def _entries(history: list[Any]) -> list[int]:
+    """The indices of the history's assistant entries that record a step (not demonstrations)."""
+    return [i for i, m in enumerate(history) if m.get("role") == "assistant" and not _is_demo(m) and "action" in m]
+
+
+def _same(entry: dict[str, Any], step: dict[str, str]) -> bool:
+    said = (str(entry.get("action") or "").strip(), str(entry.get("thought") or "").strip())
+    return said == (step["action"].strip(), step["thought"].strip())
+
+
 def _paired(steps: list[dict[str, str]], history: list[Any]) -> list[tuple[int, int | None]]:
     """(step index, the index of its history entry) for each step that is a turn (see the module
     docstring); the entry index is None when the history holds no entries to pair with."""
-    entries = [i for i, m in enumerate(history) if m.get("role") == "assistant" and not _is_demo(m) and "action" in m]
+    entries = _entries(history)
     pairs: list[tuple[int, int | None]] = []
     for k, step in enumerate(steps):
-        if len(pairs) < len(entries):
-            entry = history[entries[len(pairs)]]
-            if entry.get("action") == step["action"] and (entry.get("thought") or "") == step["thought"]:
-                pairs.append((k, entries[len(pairs)]))
+        if len(pairs) < len(entries) and _same(history[entries[len(pairs)]], step):
+            pairs.append((k, entries[len(pairs)]))
     if not entries or len(pairs) < len(entries):
         return [(k, None) for k in range(len(steps))]
     return pairs
