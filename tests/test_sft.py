@@ -79,3 +79,37 @@ def test_lora_sft_merges_and_the_folder_loads_offline(base, data, tmp_path):
     # only the adapted projections moved: the MLP is untouched
     mlp = "model.layers.0.mlp.up_proj.weight"
     assert torch.equal(model.state_dict()[mlp], reference.state_dict()[mlp])
+
+
+def test_saved_training_states_of_a_tied_model_drop_the_alias_quietly_and_resume_tied(base, data, tmp_path, caplog):
+    """The tiny Llama ties lm_head to the embeddings, as SmolLM2 does: a saved training state holds the
+    embedding once (safetensors keeps no alias) without accelerate's "Removed shared tensor" warning,
+    and the model resumed from it, and the checkpoint saved at the end, are tied again."""
+    import logging
+
+    from safetensors import safe_open
+
+    from race_core.policy import save_policy
+    from race_core.train.distributed import TrainOptions
+
+    def tied(model) -> bool:
+        return model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+
+    state = tmp_path / "state"
+    model, tokenizer = load_policy(base)
+    assert tied(model)
+    with caplog.at_level(logging.WARNING):
+        train_sft(model, tokenizer, data, SFTConfig(steps=3, batch_size=2), options=TrainOptions(state_dir=str(state),
+                                                                                                  save_every=1))
+    assert not [r for r in caplog.records if "shared tensor" in r.getMessage()], caplog.text
+    (saved,) = sorted(state.glob("step-*/model.safetensors"))  # the last state kept: after step 2 of 3
+    with safe_open(str(saved), "pt") as weights:
+        names = set(weights.keys())
+    assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names
+    again, _ = load_policy(base)
+    report = train_sft(again, tokenizer, data, SFTConfig(steps=3, batch_size=2),
+                       options=TrainOptions(state_dir=str(state), save_every=1))
+    assert report.steps == 3 and tied(again)  # resumed at step 2, one step trained, still tied
+    assert torch.equal(again.lm_head.weight, model.lm_head.weight)  # the same run as the one that did not stop
+    reloaded, _ = load_policy(save_policy(again, tokenizer, tmp_path / "out"))
+    assert tied(reloaded) and torch.equal(reloaded.lm_head.weight, again.lm_head.weight)

@@ -96,9 +96,29 @@ def _accelerator(cpu: bool, mixed_precision: str, grad_accumulation: int):
         AcceleratorState._reset_state(reset_partial_state=True)
         GradientState._reset_state()
     # every host saves the training state it needs to resume on its own disk
-    return Accelerator(cpu=cpu, mixed_precision=mixed_precision, device_placement=False,
-                       gradient_accumulation_steps=grad_accumulation,
-                       project_config=ProjectConfiguration(save_on_each_node=True))
+    accelerator = Accelerator(cpu=cpu, mixed_precision=mixed_precision, device_placement=False,
+                              gradient_accumulation_steps=grad_accumulation,
+                              project_config=ProjectConfiguration(save_on_each_node=True))
+    accelerator.register_save_state_pre_hook(_untie_for_saving(accelerator))
+    return accelerator
+
+
+def _untie_for_saving(accelerator):
+    """A `save_state` pre-hook: each model's weights without the aliases of tied weights, removed as
+    `save_pretrained` removes them (transformers' `remove_tied_weights_from_state_dict`: the tied key,
+    e.g. `lm_head.weight`, goes and the weight it is tied to stays). safetensors holds no aliases, and
+    accelerate would otherwise drop the same key itself with a warning at every save; the tie comes
+    back when the state is loaded into the model, whose weights are tied."""
+    from transformers.modeling_utils import PreTrainedModel, remove_tied_weights_from_state_dict
+
+    def hook(models, weights, output_dir) -> None:
+        for k, (model, state) in enumerate(zip(models, weights, strict=False)):
+            unwrapped = accelerator.unwrap_model(model)
+            base = getattr(unwrapped, "get_base_model", lambda: unwrapped)()  # a LoRA-wrapped model's own
+            if isinstance(base, PreTrainedModel):
+                weights[k] = remove_tied_weights_from_state_dict(dict(state), unwrapped)
+
+    return hook
 
 
 class TrainRun:
