@@ -114,7 +114,7 @@ def _untie_for_saving(accelerator):
     def hook(models, weights, output_dir) -> None:
         for k, (model, state) in enumerate(zip(models, weights, strict=False)):
             unwrapped = accelerator.unwrap_model(model)
-            base = getattr(unwrapped, "get_base_model", lambda: unwrapped)()  # a LoRA-wrapped model's own
+            base = unwrapped.get_base_model() if hasattr(unwrapped, "get_base_model") else unwrapped  # LoRA's own
             if isinstance(base, PreTrainedModel):
                 weights[k] = remove_tied_weights_from_state_dict(dict(state), unwrapped)
 
