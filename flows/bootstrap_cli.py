@@ -32,6 +32,8 @@ def add_bootstrap_parser(subparsers):
     p.add_argument("--out", required=True, help="the calculator policy's folder (must not exist)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
     p.add_argument("--dtype", default="float32", help="model dtype while training (default: float32)")
+    p.add_argument("--mixed-precision", default="no", choices=("no", "bf16", "fp16"),
+                   help="SFT autocast: bf16 (CPUs with AMX / AVX512-BF16, GPUs), fp16 (GPU only) or no (default: no)")
     add_config_options(p, AgentBootstrapConfig(), top=_fields(), sections=("sft",))
     p.set_defaults(func=cmd_bootstrap)
     return p
@@ -45,6 +47,7 @@ def cmd_bootstrap(args) -> int:
         raise FileExistsError(f"--out {str(out)!r} exists: give a new folder")
     config = config_from_args(AgentBootstrapConfig(), args)
     report = bootstrap_checkpoint(args.checkpoint, out, config, device=args.device, dtype=args.dtype,
+                                  mixed_precision=args.mixed_precision,
                                   log=lambda message: print(message, file=sys.stderr))
     print(json.dumps({"checkpoint": str(out), "recipe": report.recipe, "check": report.check,
                       "rounds": report.rounds, "wall_s": report.wall_seconds}, indent=2))

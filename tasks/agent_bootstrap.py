@@ -34,12 +34,14 @@ def agent_policy(store: ArtifactStore, checkpoint: str, config: AgentBootstrapCo
 
     def compute() -> dict[str, Any]:
         from race_core.train.checkpoint_bootstrap import bootstrap_agent
+        from race_core.train.distributed import TrainOptions
 
         model, tokenizer = base.load(store, resources)
-        report = bootstrap_agent(model, tokenizer, config, log)
+        report = bootstrap_agent(model, tokenizer, config, log, options=TrainOptions(
+            mixed_precision=resources.mixed_precision, gradient_checkpointing=resources.gradient_checkpointing))
         return {**_put_policy(store, model, tokenizer),
                 "metrics": {"recipe": report.recipe, "actions": report.agent["actions"], "rounds": report.rounds,
                             "check": report.check, "wall_seconds": report.wall_seconds}}
 
-    return run_stage(store, "bootstrap", 1, {**config.key_fields(), "dtype": resources.dtype}, {}, base.digest, compute,
+    return run_stage(store, "bootstrap", 1, {**config.key_fields(), "dtype": resources.dtype, **resources.training_keyed()}, {}, base.digest, compute,
                      force=force, log=log)

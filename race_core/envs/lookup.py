@@ -3,8 +3,8 @@ HotpotQA agents, where a fact read at one turn is what a later action needs.
 
 Every task has its own small directory of invented people (names from made-up syllables, so no
 model knows them). `search[<full name>]` answers with that person's entry, one long line of facts:
-age, height, years at the company, office floor, badge number, parking spot, city, job, manager,
-best friend, hobby. `calc[<a> <op> <b>]` evaluates ONE operation (+ - *) on two integers;
+age, height, years at the company, office floor, parking spot, city, job, manager, best friend,
+hobby. `calc[<a> <op> <b>]` evaluates ONE operation (+ - *) on two integers;
 `finish[<number>]` answers and ends the episode. Anything else observes an "invalid action" text
 and uses a turn of the budget.
 
@@ -64,8 +64,7 @@ KINDS_OF_TASK = ("hop", "triple", "hop2")
 TASK_WEIGHTS = (0.5, 0.25, 0.25)
 ENTRIES_PER_KIND = {"hop": 3, "triple": 3, "hop2": 4}  # `difficulty`: the entries a task needs
 
-QUESTION_TAIL = (" Use search[<full name>] to look a person up, calc[<number> <op> <number>] for one "
-                 "operation and finish[<number>] to answer.")
+QUESTION_TAIL = " Actions: search[<full name>], calc[<number> <op> <number>], finish[<number>]."
 INVALID_ACTION_OBSERVATION = ("Invalid action: expected search[<full name>], calc[<number> <op> <number>] "
                               "or finish[<number>].")
 CALC_ERROR = "Error: calc takes one operation on two integers, like 12 + 7."
@@ -74,12 +73,10 @@ FINISH_OBSERVATION = "Episode finished."
 SPECS = (Tool("search", "name", "Look a person up in the directory by full name.", "for example Karo Velmi"),
          Tool("calc", "expression", "One operation (+ - *) on two integers.", "for example 47 + 12"),
          Tool("finish", "answer", "Give the final answer and end the task.", "the number"))
-_SYSTEM_HEAD = ("You are an agent that answers questions about the people in a company directory, one step per "
-                "turn. Every turn starts with your reasoning inside <think></think> (it may be empty), then one "
-                "action.")
-SYSTEM_TEXT = (_SYSTEM_HEAD + "\nWrite the action on a new line as `Action: search[<full name>]` to read a "
-               "person's entry, `Action: calc[<number> <op> <number>]` for one operation, or "
-               "`Action: finish[<number>]` to give the answer.")
+_SYSTEM_HEAD = ("You answer questions about the people in a company directory, one step per turn. Each turn "
+                "starts with your reasoning inside <think></think> (it may be empty), then one action.")
+SYSTEM_TEXT = (_SYSTEM_HEAD + "\nWrite it on a new line: `Action: search[<full name>]` reads a person's entry, "
+               "`Action: calc[<number> <op> <number>]` does one operation, `Action: finish[<number>]` answers.")
 SYSTEM_TOOLS = (_SYSTEM_HEAD + "\nThe action is one call of a tool: search to read a person's entry, calc for one "
                 "operation, finish to answer.")
 
@@ -108,7 +105,6 @@ _CALC_RE = re.compile(r"^\s*(-?\d{1,12})\s*([+\-*])\s*(-?\d{1,12})\s*$")
 class Person:
     name: str
     numbers: tuple[tuple[str, int], ...]  # attribute key -> value, in entry order
-    badge: int
     city: str
     job: str
     manager: str
@@ -126,7 +122,7 @@ class Person:
         numbers = dict(self.numbers)
         parts = [_ATTRIBUTES["age"][1].format(v=numbers["age"]), _ATTRIBUTES["height"][1].format(v=numbers["height"]),
                  _ATTRIBUTES["years"][1].format(v=numbers["years"]), _ATTRIBUTES["floor"][1].format(v=numbers["floor"]),
-                 f"badge number {self.badge}", _ATTRIBUTES["parking"][1].format(v=numbers["parking"]),
+                 _ATTRIBUTES["parking"][1].format(v=numbers["parking"]),
                  f"lives in {self.city}", f"works as a {self.job}", f"manager {self.manager}",
                  f"best friend {self.friend}", f"hobby {self.hobby}"]
         return f"{self.name}: " + ", ".join(parts) + "."
@@ -225,8 +221,8 @@ def _directory(rng: random.Random) -> list[Person]:
         others = [n for j, n in enumerate(names) if j != k]
         manager, friend = rng.sample(others, 2)
         numbers = tuple((key, rng.randint(*_RANGES[key])) for key in _ATTRIBUTES)
-        people.append(Person(name, numbers, rng.randint(1000, 9999), rng.choice(_CITIES), rng.choice(_JOBS),
-                             manager, friend, rng.choice(_HOBBIES)))
+        people.append(Person(name, numbers, rng.choice(_CITIES), rng.choice(_JOBS), manager, friend,
+                             rng.choice(_HOBBIES)))
     return people
 
 

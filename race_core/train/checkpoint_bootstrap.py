@@ -159,10 +159,11 @@ def demonstrated(agent: AgentPrompt, renderer: Renderer, config: AgentBootstrapC
     return replace(agent, system=agent.system + "\n\nAn example of a whole task:\n" + "\n\n".join(blocks))
 
 
-def bootstrap_agent(model, tokenizer, config: AgentBootstrapConfig = AgentBootstrapConfig(), log: Log = _quiet
-                    ) -> AgentBootstrapReport:
+def bootstrap_agent(model, tokenizer, config: AgentBootstrapConfig = AgentBootstrapConfig(), log: Log = _quiet,
+                    options=None) -> AgentBootstrapReport:
     """Train `model` (in place) to play `config.env` by `config.recipe`; the tokenizer gets the
-    agent prompt. Returns what was trained on and the fresh on-policy check."""
+    agent prompt. Returns what was trained on and the fresh on-policy check. `options`: how the SFT
+    runs train (`race_core.train.distributed.TrainOptions`: mixed precision, ...)."""
     from race_core.train.sft import train_sft
 
     started = time.perf_counter()
@@ -179,7 +180,7 @@ def bootstrap_agent(model, tokenizer, config: AgentBootstrapConfig = AgentBootst
             if step == 1 or step % every == 0 or step == total:
                 log(f"bootstrap {label}: sft step {step}/{total} loss {loss:.4f}")
 
-        report = train_sft(model, tokenizer, trajectories, config.sft, progress=progress)
+        report = train_sft(model, tokenizer, trajectories, config.sft, progress=progress, options=options)
         return {"trajectories": len(trajectories), "steps": report.steps, "first_loss": report.first_loss,
                 "last_loss": report.last_loss, "target_tokens": report.target_tokens}
 
@@ -217,13 +218,16 @@ def bootstrap_agent(model, tokenizer, config: AgentBootstrapConfig = AgentBootst
 
 def bootstrap_checkpoint(checkpoint: str | Path, out_dir: str | Path,
                          config: AgentBootstrapConfig = AgentBootstrapConfig(), *, device: str = "cpu",
-                         dtype: str = "float32", log: Log = _quiet) -> AgentBootstrapReport:
-    """Load a local chat checkpoint, bootstrap it (`bootstrap_agent`) and save the policy to `out_dir`
-    (a `save_pretrained` folder whose tokenizer carries the agent prompt), with `race_bootstrap.json`."""
+                         dtype: str = "float32", mixed_precision: str = "no", log: Log = _quiet
+                         ) -> AgentBootstrapReport:
+    """Load a local chat checkpoint, bootstrap it (`bootstrap_agent`, its SFT under `mixed_precision`
+    autocast: bf16, fp16 or no) and save the policy to `out_dir` (a `save_pretrained` folder whose
+    tokenizer carries the agent prompt), with `race_bootstrap.json`."""
     from race_core.policy import load_policy, save_policy
+    from race_core.train.distributed import TrainOptions
 
     model, tokenizer = load_policy(checkpoint, device=device, dtype=dtype)
-    report = bootstrap_agent(model, tokenizer, config, log)
+    report = bootstrap_agent(model, tokenizer, config, log, options=TrainOptions(mixed_precision=mixed_precision))
     out = save_policy(model, tokenizer, out_dir)
     (out / REPORT_FILE).write_text(json.dumps({"source": str(checkpoint), "config": asdict(config),
                                                **report.to_dict()}, indent=1, default=str) + "\n")
