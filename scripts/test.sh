@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Set up .venv (scripts/setup.sh) and chromium, then lint and run the whole test suite (which builds
-# the docs with `mkdocs build --strict`: tests/test_docs.py).
+# the docs with `mkdocs build --strict`: tests/test_docs.py) on two pytest-xdist workers, a test file
+# per worker at a time (its module fixtures built once).
+#   RACE_TEST_WORKERS=N   xdist workers (default 2; 0: one process, no xdist)
+# Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -18,4 +21,6 @@ export PREFECT_SERVER_ANALYTICS_ENABLED=false PREFECT_HOME="${PREFECT_HOME:-$PWD
   TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 mkdir -p "$PREFECT_HOME"  # Prefect creates only the last level of it (warns on a fresh clone)
 "$VENV/bin/ruff" check .
-"$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@"
+WORKERS=${RACE_TEST_WORKERS:-2}
+PARALLEL=(); [ "$WORKERS" = "0" ] || PARALLEL=(-n "$WORKERS" --dist loadfile)
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider "${PARALLEL[@]}" "$@"

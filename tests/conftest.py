@@ -1,11 +1,23 @@
-"""Shared fixtures: a real tiny checkpoint built locally once per test session, SmolLM2 (a missing
-one fails the tests that need it under CI=true: `components`), a Prefect test server."""
+"""Shared fixtures: a real tiny checkpoint built locally once per test run (shared by the xdist
+workers, cached by its config's digest), SmolLM2 (a missing one fails the tests that need it under
+CI=true: `components`), a Prefect test server; and the suite's own time budget.
+
+Under pytest-xdist (`-n 2`, what scripts/test.sh runs) each worker computes with its share of the
+machine's cores (torch and OpenMP threads, inherited by the processes a test starts), so two
+workers on two cores do not fight over them.
+"""
 
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
+
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // WORKERS)))
+BUDGET_S = float(os.environ.get("RACE_TEST_BUDGET_S", 40 * 60))  # under CI=true, a longer session fails
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -14,11 +26,51 @@ os.environ.setdefault("RACE_RETRY_DELAY_S", "0")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 
+def pytest_configure(config):
+    config._race_started = time.monotonic()
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        import torch
+
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session, exitstatus):
+    """Under CI=true a session longer than the budget fails: a slow test is seen the day it lands,
+    not when CI times out (the controller decides; an xdist worker's session is a part)."""
+    from components import CI
+
+    config = session.config
+    if hasattr(config, "workerinput"):
+        return
+    config._race_wall = time.monotonic() - config._race_started
+    config._race_over = CI and config._race_wall > BUDGET_S
+    if config._race_over and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if hasattr(config, "_race_wall"):
+        over = config._race_over
+        terminalreporter.write_line(f"race test session: {config._race_wall / 60:.1f} min wall, budget "
+                                    f"{BUDGET_S / 60:.0f} min" + (" - OVER BUDGET (CI=true): the run fails" if over
+                                                                  else ""), red=over)
+
+
+def shared_dir(tmp_path_factory, name: str):
+    """A folder every xdist worker of this run shares (the run's base temp), for caches built once."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if "PYTEST_XDIST_WORKER" in os.environ else base
+    folder = root / name
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory):
     from race_core.tiny import TINY, ensure_checkpoint
 
-    return ensure_checkpoint(tmp_path_factory.mktemp("checkpoints"), TINY)
+    return ensure_checkpoint(shared_dir(tmp_path_factory, "checkpoints"), TINY)
 
 
 @pytest.fixture(scope="session")
@@ -84,4 +136,4 @@ def smoke_policy(tmp_path_factory):
     follows the turn format and stops, so episodes stay short (not a capable policy)."""
     from race_core.train.bootstrap import SMOKE, ensure_bootstrap
 
-    return ensure_bootstrap(tmp_path_factory.mktemp("smoke"), SMOKE).checkpoint
+    return ensure_bootstrap(shared_dir(tmp_path_factory, "smoke"), SMOKE).checkpoint

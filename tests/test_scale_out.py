@@ -7,8 +7,9 @@ fetched the model (once each) and scored shards. Then a run during which one wor
 is SIGKILLed while its child run holds a lease: the run completes, the dead worker's shards scored
 on the other one, each shard committed once, every object in the store intact. Then the sample
 stage's chunks played on the pool: the same rollouts as one process. Last, the parent's side alone:
-300 child runs of tiny units (paging past the server's 200 runs per read), and child runs that no
-worker takes (the run fails saying so)."""
+child runs of tiny units past the server's page (the server and every client here read at most
+PAGE runs at once, PREFECT_API_DEFAULT_LIMIT, so 2.5 pages are 50 child runs rather than 500), and
+child runs that no worker takes (the run fails saying so)."""
 
 import json
 import os
@@ -30,6 +31,9 @@ from tasks.policy_ref import STORED_STAGE
 from tasks.shards import SHARD_STAGE, plan_shards, shard_key, shard_scope
 from tasks.units import UnitJob, UnitWorker, commit_record
 
+PAGE = 20  # flow runs per read, of the loopback server and its clients (PREFECT_API_DEFAULT_LIMIT)
+CHILDREN = 50  # child runs of the paging test: 2.5 pages
+
 pytestmark = pytest.mark.slow
 
 BUCKET = "race-test"
@@ -49,6 +53,7 @@ def loopback(tmp_path_factory, tiny_checkpoint):
            "PREFECT_UI_ENABLED": "false", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x",
            "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint, "FSSPEC_S3_ENDPOINT_URL": endpoint,
            "PREFECT_WORKER_QUERY_SECONDS": "2", "RACE_RETRY_DELAY_S": "0", "HF_HUB_OFFLINE": "1",
+           "PREFECT_API_DEFAULT_LIMIT": str(PAGE),
            "TOKENIZERS_PARALLELISM": "false"}
     for name in ("PREFECT_API_URL", "RACE_ALLOWED_ROOTS", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
         env.pop(name, None)
@@ -399,19 +404,19 @@ class NoteJob(UnitJob):
 
 @pytest.fixture
 def parent_side(loopback, monkeypatch):
-    """This process as a client of the loopback server, with the `note` unit kind known."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    """This process as a client of the loopback server (its page size too), with the `note` unit kind known."""
+    from prefect.settings import PREFECT_API_DEFAULT_LIMIT, PREFECT_API_URL, temporary_settings
 
     from tasks.units import UNIT_KINDS
 
     env, _ = loopback
     monkeypatch.setitem(UNIT_KINDS, "note", f"{__name__}:NoteJob")
-    with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"]}):
+    with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"], PREFECT_API_DEFAULT_LIMIT: PAGE}):
         yield
 
 
 def _carry(pool: str, store: ArtifactStore, done) -> int:
-    """Plays the pool's workers (instead of 300 process starts, about 10 minutes here): each child run
+    """Plays the pool's workers (instead of a process start per child run): each child run
     of `race-units/<pool>` that is scheduled is set Running, its units done by the job's own worker
     (`tasks.units.job_from_spec`, as the child flow does), then set Completed."""
     from prefect.client.orchestration import get_client
@@ -433,7 +438,7 @@ def _carry(pool: str, store: ArtifactStore, done) -> int:
             for run in client.read_flow_runs(
                     deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[pool])),
                     flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(
-                        any_=[StateType.SCHEDULED]))), limit=200):
+                        any_=[StateType.SCHEDULED]))), limit=PAGE):
                 client.set_flow_run_state(run.id, Running(), force=True)
                 worker = job_from_spec(run.parameters["kind"], run.parameters["spec"]).worker(store, "cpu", print)
                 for unit in run.parameters["units"]:
@@ -444,17 +449,17 @@ def _carry(pool: str, store: ArtifactStore, done) -> int:
     return carried
 
 
-def test_a_parent_follows_300_child_runs_past_the_servers_page(parent_side, tmp_path):
+def test_a_parent_follows_child_runs_past_the_servers_page(parent_side, tmp_path):
     import contextvars
     import threading
 
     from deployments import prepare_pool
-    from tasks.executors.pool import PAGE, PoolExecutor
+    from tasks.executors.pool import PoolExecutor, page_size
 
     prepare_pool("race-paging", log=print)
     store, lines, outcome = ArtifactStore(tmp_path / "store"), [], {}
-    units = [{"index": i} for i in range(300)]
-    assert len(units) > PAGE
+    units = [{"index": i} for i in range(CHILDREN)]
+    assert page_size() == PAGE and len(units) > 2 * PAGE  # three reads a round: two whole pages and a part
 
     def parent() -> None:
         try:
@@ -469,10 +474,10 @@ def test_a_parent_follows_300_child_runs_past_the_servers_page(parent_side, tmp_
     carried = _carry("race-paging", store, lambda: not thread.is_alive())
     thread.join()
     assert "error" not in outcome, outcome.get("error")
-    assert carried == 300 and len(store.list_records("stages/note")) == 300
-    assert "note: 300 of 300 child run(s) done on pool 'race-paging'" in lines[-1], lines[-3:]
+    assert carried == CHILDREN and len(store.list_records("stages/note")) == CHILDREN
+    assert f"note: {CHILDREN} of {CHILDREN} child run(s) done on pool 'race-paging'" in lines[-1], lines[-3:]
     assert not any("go again" in line for line in lines)  # no child was taken for lost and resubmitted
-    print(f"300 child runs followed in {time.monotonic() - started:.0f} s")
+    print(f"{CHILDREN} child runs followed in {time.monotonic() - started:.0f} s")
 
 
 def test_child_runs_no_worker_takes_fail_the_run_saying_so(parent_side, tmp_path):

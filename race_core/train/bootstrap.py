@@ -11,10 +11,11 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import tempfile
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from race_core.tiny import DEMO, TINY, TinyConfig, ensure_checkpoint
+from race_core.tiny import DEMO, TINY, TinyConfig, ensure_checkpoint, publish_folder
 from race_core.train.sft import Progress, SFTConfig, SFTReport, train_sft
 
 BOOTSTRAP_VERSION = 2
@@ -111,8 +112,11 @@ def ensure_bootstrap(cache_dir: str | Path, config: BootstrapConfig = BootstrapC
     if (out / "race_bootstrap.json").exists():
         return BootstrapResult(checkpoint=out, report=None,
                                base_checkpoint=ensure_checkpoint(cache_dir / "base-checkpoints", config.model))
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    result = bootstrap_policy(tmp, config, cache_dir / "base-checkpoints", progress)
-    tmp.rename(out)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=cache_dir))  # its own: processes may train at once
+    try:
+        result = bootstrap_policy(tmp, config, cache_dir / "base-checkpoints", progress)
+        publish_folder(tmp, out)  # the first to finish publishes; the same seeded recipe, the same policy
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return BootstrapResult(checkpoint=out, report=result.report, base_checkpoint=result.base_checkpoint)

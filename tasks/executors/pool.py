@@ -9,8 +9,8 @@ path of the parent's host; the model is a checkpoint object of the store, fetche
 host into its cache. Each unit reads only its own rows and commits its manifest to the store; the
 parent watches until every unit is committed, then its stage merges them.
 
-Watching: the parent reads its pending children's states in pages (`PAGE` runs per request; the
-server answers at most that many at once). A child run still Scheduled or Late is waiting for a
+Watching: the parent reads its pending children's states in pages (`page_size()` runs per request,
+PREFECT_API_DEFAULT_LIMIT: the server answers at most that many at once). A child run still Scheduled or Late is waiting for a
 free worker, which is not silence, as long as the pool has a worker online (busy with other runs'
 children, say); but when for `resources.pickup_timeout` seconds none of the stage's children has
 been taken and no worker of the pool is online, the waiting ones are cancelled and the stage fails
@@ -55,7 +55,12 @@ from tasks.units import Log, Unit, UnitJob
 UNITS_FLOW = "race-units"
 LEASE_INTERVAL_S = 2.0
 POLL_S = 2.0
-PAGE = 200  # flow runs per read (the Prefect server's largest page)
+def page_size() -> int:
+    """Flow runs per read: the server's largest page, PREFECT_API_DEFAULT_LIMIT (200 unless set;
+    the client reads the same setting)."""
+    from prefect.settings import PREFECT_API_DEFAULT_LIMIT
+
+    return int(PREFECT_API_DEFAULT_LIMIT.value())
 
 
 def deployment_name(pool: str) -> str:
@@ -278,13 +283,14 @@ class _Watch:
 
 
 def read_states(client: Any, run_ids: list[UUID]) -> dict[UUID, Any]:
-    """The states of the flow runs `run_ids`, read `PAGE` at a time."""
+    """The states of the flow runs `run_ids`, read a page (`page_size`) at a time."""
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     states: dict[UUID, Any] = {}
-    for at in range(0, len(run_ids), PAGE):
-        page = run_ids[at:at + PAGE]
-        for run in client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=page)), limit=PAGE):
+    size = page_size()
+    for at in range(0, len(run_ids), size):
+        page = run_ids[at:at + size]
+        for run in client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=page)), limit=size):
             states[run.id] = run.state
     return states
 
