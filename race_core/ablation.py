@@ -3,8 +3,10 @@
 - `none`: every turn's reasoning kept.
 - `race`: the LoGiC cover at ε (every later action checked): the pipeline's compress output.
 - `local`: the cover that checks only the turn's own action (`logic_cover(local_only=True)`).
-- `random`: in each trajectory, as many turns as `race` removed there, drawn at random among the
-  candidate turns (turn >= 1 with reasoning), so counts match trajectory by trajectory.
+- `random`: in each trajectory, candidate turns (turn >= 1 with reasoning) drawn at random until their
+  reasoning tokens come closest to the tokens `race` removed there, so that the arms compare at
+  matched reasoning tokens, trajectory by trajectory (not at matched turn counts: RACE keeps the
+  short notes and removes the long restatements, and a count-matched draw removes more tokens).
 - `all`: the reasoning of every turn after turn 0 removed.
 
 `removed_by_kind` reads each candidate turn's kind from its text (the `reasoning_kind` of the
@@ -15,7 +17,7 @@ kind an arm removed: what the table's success figures are read against.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from race_core.envs import DEFAULT_ENV, environment_named, get_environment
@@ -32,18 +34,28 @@ def candidate_turns(trajectory: Trajectory) -> list[int]:
     return [k for k in range(1, len(trajectory.turns)) if trajectory.turns[k].reasoning]
 
 
-def derived_removal(arm: str, trajectory: Trajectory, race_removed: int, seed: int = 0) -> list[int]:
+def derived_removal(arm: str, trajectory: Trajectory, race_removed: Sequence[int], seed: int = 0,
+                    tokens: Callable[[str], int] = len) -> list[int]:
     """The turns whose reasoning `arm` (one of DERIVED_ARMS) removes from `trajectory`; `race_removed`:
-    how many the race arm removed there. The random draw depends on (seed, trajectory id) only."""
+    the turns the race arm removed there; `tokens`: a reasoning text's token count (the tokenizer's).
+    The random draw depends on (seed, trajectory id) only: the candidates in a random order, each
+    taken when it brings the removed tokens closer to the race arm's."""
     candidates = candidate_turns(trajectory)
     if arm == "none":
         return []
     if arm == "all":
         return candidates
     if arm == "random":
-        if not 0 <= race_removed <= len(candidates):
-            raise ValueError(f"trajectory {trajectory.id}: race removed {race_removed} of {len(candidates)} candidates")
-        return sorted(random.Random(f"{seed}:{trajectory.id}").sample(candidates, race_removed))
+        if not set(race_removed) <= set(candidates):
+            raise ValueError(f"trajectory {trajectory.id}: race removed turns {sorted(race_removed)}, not all of them "
+                             f"candidates {candidates}")
+        count = {k: tokens(trajectory.turns[k].reasoning) for k in candidates}
+        target, total, chosen = sum(count[k] for k in race_removed), 0, []
+        for k in random.Random(f"{seed}:{trajectory.id}").sample(candidates, len(candidates)):
+            if abs(total + count[k] - target) < abs(total - target):
+                chosen.append(k)
+                total += count[k]
+        return sorted(chosen)
     raise ValueError(f"not a derived arm: {arm!r} (one of {DERIVED_ARMS})")
 
 

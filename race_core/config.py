@@ -188,6 +188,7 @@ class RLConfig:
     difficulty: int | None = None  # calculator: operations per task (None: 1-3 at random); lookup: entries (3 or 4)
     shape: str = "random"  # calculator task shape: random, or two-part (results carried across turns)
     cover_aware: bool = True  # mask removable reasoning and supervise closure (off: plain GRPO)
+    length_penalty: float = 0.0  # λ of GRPO with a reasoning-length penalty: reward − λ · reasoning tokens (0: none)
     sampler: str = "hf"  # sampling backend: hf (transformers generate) or vllm
     sample_chunk: int = 0  # tasks sampled together, the unit a pool's workers share (0: all K at once)
     micro_batch: int = 0  # rollouts per forward of the update, gradients accumulated (0: all at once)
@@ -209,7 +210,7 @@ class EvalConfig:
 # Fields added after stage keys were first written: left out of a key while at this default, so the
 # keys (and the stored results) of runs that do not set them stay what they were.
 KEY_OPTIONAL = {"local_only": False, "shape": "random", "cover_aware": True, "sample_chunk": 0, "sampler": "hf",
-                "micro_batch": 0, "env": DEFAULT_ENV}
+                "micro_batch": 0, "env": DEFAULT_ENV, "length_penalty": 0.0}
 
 
 def key_fields(config: Any) -> dict[str, Any]:
@@ -249,6 +250,8 @@ class PipelineConfig:
                 raise ValueError(f"parameter '{name}': unknown {unknown}; known stages are {list(STAGES)}")
         if self.rl.iterations < 0:
             raise ValueError("parameter 'rl.iterations' must be >= 0")
+        if not (math.isfinite(self.rl.length_penalty) and self.rl.length_penalty >= 0):
+            raise ValueError(f"parameter 'rl.length_penalty': {self.rl.length_penalty} is not a finite number >= 0")
         if self.rl.micro_batch < 0:
             raise ValueError(f"parameter 'rl.micro_batch': {self.rl.micro_batch} is not >= 0 (0: all rollouts at once)")
         if self.rl.sample_chunk < 0:

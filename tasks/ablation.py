@@ -31,11 +31,16 @@ def removals(store: ArtifactStore, compressed_digest: str) -> dict[str, list[int
 def derived_arm(store: ArtifactStore, trajectories_digest: str, race_compressed: str, arm: str, checkpoint: str,
                 model_digest: str, epsilon: float, seed: int = 0, log: Log = _quiet, only_cached: bool = False,
                 force: bool = False) -> dict[str, Any]:
-    """The `arm` version (none, random or all) of the trajectories the race arm holds."""
+    """The `arm` version (none, random or all) of the trajectories the race arm holds (random: matched
+    to its removed reasoning tokens, counted by the checkpoint's tokenizer)."""
 
     def compute() -> dict[str, Any]:
+        from race_core.policy import load_tokenizer
+
         race = removals(store, race_compressed)
-        pairs = ((t, derived_removal(arm, t, len(race[t.id]), seed))
+        tokenizer = load_tokenizer(checkpoint)
+        count = (lambda text: len(tokenizer.encode(text, add_special_tokens=False))) if arm == "random" else len
+        pairs = ((t, derived_removal(arm, t, race[t.id], seed, count))
                  for t in iter_trajectories(store, trajectories_digest) if t.id in race)
         manifest = write_compressed(store, pairs, checkpoint, model_digest, epsilon)
         m = manifest["metrics"]
@@ -43,7 +48,7 @@ def derived_arm(store: ArtifactStore, trajectories_digest: str, race_compressed:
             f"-> {m['reasoning_tokens_after']}")
         return manifest
 
-    return run_stage(store, "arm", 1, {"arm": arm, "seed": seed, "epsilon": epsilon},
+    return run_stage(store, "arm", 2, {"arm": arm, "seed": seed, "epsilon": epsilon},
                      {"trajectories": trajectories_digest, "race": race_compressed}, model_digest, compute,
                      only_cached, force, log)
 

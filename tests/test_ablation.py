@@ -32,23 +32,33 @@ def test_each_arm_differs_from_the_unchanged_trajectories_exactly_where_it_shoul
     race = {t.id: [k for k in candidate_turns(t) if reasoning_kind(t.turns[k].reasoning) == REDUNDANT][::2]
             for t in two_part}  # a stand-in for the race arm's removals: every other redundant turn
     assert sum(map(len, race.values())) >= 10
+    words = lambda text: len(text.split())  # noqa: E731 - a token count for the test
+    gaps = []
     for t in two_part:
         candidates = candidate_turns(t)
-        assert derived_removal("none", t, len(race[t.id])) == []
-        assert derived_removal("all", t, len(race[t.id])) == candidates and 0 not in candidates
-        drawn = derived_removal("random", t, len(race[t.id]), seed=3)
-        assert len(drawn) == len(race[t.id]) and set(drawn) <= set(candidates)
-        assert drawn == derived_removal("random", t, len(race[t.id]), seed=3)
+        assert derived_removal("none", t, race[t.id]) == []
+        assert derived_removal("all", t, race[t.id]) == candidates and 0 not in candidates
+        drawn = derived_removal("random", t, race[t.id], seed=3, tokens=words)
+        assert set(drawn) <= set(candidates) and drawn == derived_removal("random", t, race[t.id], seed=3, tokens=words)
+        # matched to the race arm's removed tokens: no other candidate would bring them closer
+        target = sum(words(t.turns[k].reasoning) for k in race[t.id])
+        got = sum(words(t.turns[k].reasoning) for k in drawn)
+        assert all(abs(got + words(t.turns[k].reasoning) - target) >= abs(got - target)
+                   for k in candidates if k not in drawn)
+        gaps.append(abs(got - target) / max(target, 1))
         for arm_turns in (race[t.id], drawn, candidates):
             changed = remove_reasoning(t, arm_turns)
             assert [k for k, (a, b) in enumerate(zip(t.turns, changed.turns, strict=True)) if a != b] == \
                 [k for k in arm_turns if t.turns[k].reasoning]
             assert all(not changed.turns[k].reasoning for k in arm_turns)
             assert [turn.action for turn in changed.turns] == [turn.action for turn in t.turns]
-    draws = {s: [derived_removal("random", t, len(race[t.id]), seed=s) for t in two_part] for s in (0, 1)}
+    assert sum(gaps) / len(gaps) < 0.5  # near the race arm's tokens, trajectory by trajectory
+    draws = {s: [derived_removal("random", t, race[t.id], seed=s, tokens=words) for t in two_part] for s in (0, 1)}
     assert draws[0] != draws[1]  # the seed matters
     with pytest.raises(ValueError, match="not a derived arm"):
-        derived_removal("race", two_part[0], 0)
+        derived_removal("race", two_part[0], [])
+    with pytest.raises(ValueError, match="not all of them candidates"):
+        derived_removal("random", two_part[0], [0])
 
 
 def test_removed_by_kind_counts_candidates_and_removals_per_kind(two_part):

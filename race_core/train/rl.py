@@ -5,7 +5,9 @@ One iteration:
      HFSampler over the in-memory model); the sampler's log-probs are logp_old. The rollouts may
      travel between stages as JSON (`race_core.rollout.rollouts_to_json`); steps 2-5 are
      `update_from_rollouts`.
-  2. reward = the env's private judge; GRPO advantage per group (`grpo_advantages`).
+  2. reward = the env's private judge, less `config.length_penalty` × the rollout's generated
+     reasoning tokens (GRPO with a reasoning-length penalty, the usual alternative; 0 by default);
+     GRPO advantage per group (`grpo_advantages`).
   3. LoGiC cover (`logic_cover`, HFScorer over the pre-update policy) on the successful,
      well-formed rollouts, each as a Trajectory of its parsed turns. The cover decides on the
      canonical rendering of those turns; its skipped turns then mask the rollout's OWN generated
@@ -235,6 +237,11 @@ def make_optimizer(model, config: RLConfig) -> torch.optim.Optimizer:
                              weight_decay=config.weight_decay)
 
 
+def shaped_reward(rollout: Rollout, config: RLConfig) -> float:
+    """The judge's reward less the reasoning-length penalty: r − λ · generated reasoning tokens."""
+    return rollout.reward - config.length_penalty * rollout.reasoning_token_count()
+
+
 def update_from_rollouts(
     model,
     tokenizer,
@@ -272,7 +279,7 @@ def update_from_rollouts(
     renderer = renderer or Renderer(tokenizer)
     optimizer = optimizer or make_optimizer(model, config)
     pad_id = pad_token_id(tokenizer)
-    advantages = grpo_advantages([r.reward for r in rollouts], [r.group for r in rollouts])
+    advantages = grpo_advantages([shaped_reward(r, config) for r in rollouts], [r.group for r in rollouts])
     rows = list(range(len(rollouts)))[process_rank()::processes]  # this process's rollouts
     covers: dict = {}  # plain GRPO: every generated token in the loss, no closure
     if config.cover_aware:
