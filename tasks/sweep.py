@@ -208,21 +208,22 @@ def _log_axis(ax, values: list[float], linear_below: float) -> None:
 
 
 def choose_epsilon(rows: Sequence[dict[str, Any]]) -> tuple[float, str]:
-    """The ε a run takes from a sweep, and why (the plateau rule): on the removal share against ε,
-    the flattest step of the sweep once removals have started; its lower end. Between its two ε the
-    cover removes little more, so the reasoning no action needs is removed by the lower one, and
-    raising ε mostly buys removals that cost some action more (ties: the smaller ε). One ε: that one."""
+    """The ε a run takes from a sweep, and why (the half-removal rule): the smallest ε of the sweep
+    whose removal share reaches half of the largest share any ε of it removes. It needs no plateau in
+    the removal share against ε (real models' likelihood drops have none: each larger ε removes a
+    little more): it sits where removals have clearly begun but the larger ε, which buy the rest with
+    bigger drops of some action, have not been taken. One ε: that one; nothing removed at any ε: the
+    largest."""
     rows = sorted(rows, key=lambda r: r["epsilon"])
     if len(rows) == 1:
         return rows[0]["epsilon"], "the only ε of the sweep"
-    steps = [(rows[k]["removal_share"] - rows[k - 1]["removal_share"], k) for k in range(1, len(rows))
-             if rows[k - 1]["removal_share"] > 0]
-    if not steps:
-        return rows[-1]["epsilon"], "no smaller ε of the sweep removed any reasoning"
-    gain, k = min(steps)
-    low, high = rows[k - 1], rows[k]
-    return low["epsilon"], (
-        f"ε {low['epsilon']:g} removes {100 * low['removal_share']:.1f}% of the candidate turns' reasoning; "
-        f"raising it to {high['epsilon']:g} removes only {100 * gain:.1f} points more, the flattest step of the "
-        f"sweep once removals start: the reasoning no later action needs is gone by ε {low['epsilon']:g}, and "
-        f"larger ε mostly remove reasoning that costs some action more")
+    most = max(r["removal_share"] for r in rows)
+    if most <= 0:
+        return rows[-1]["epsilon"], "no ε of the sweep removed any reasoning"
+    chosen = next(r for r in rows if r["removal_share"] >= most / 2)
+    top = max(rows, key=lambda r: (r["removal_share"], -r["epsilon"]))
+    return chosen["epsilon"], (
+        f"ε {chosen['epsilon']:g} is the smallest ε of the sweep that removes at least half of the most any ε "
+        f"removes ({100 * chosen['removal_share']:.1f}% of the candidate turns' reasoning, against "
+        f"{100 * most:.1f}% at ε {top['epsilon']:g}): removals have begun in earnest, and the larger ε, which "
+        f"remove the rest at larger drops of some action, are left out")

@@ -1,4 +1,4 @@
-"""`race ablate --checkpoint`: ε chosen from a sweep by the plateau rule, presets picked by where the
+"""`race ablate --checkpoint`: ε chosen from a sweep by the half-removal rule, presets picked by where the
 run is, and the whole loop on a real instruct model (SmolLM2-135M-Instruct) at minimal size:
 bootstrap -> its own episodes -> sweep -> arms -> SFT -> RL vs GRPO -> evaluation, every stage
 stored, the RL diagnostics recorded, a rerun computing nothing."""
@@ -19,15 +19,15 @@ def _rows(shares):
     return [{"epsilon": e, "removal_share": s} for e, s in zip(EPS, shares, strict=True)]
 
 
-def test_the_sweep_takes_the_lower_end_of_its_flattest_step_once_removals_start():
-    # steps after removals start: 0.01->0.03 +0.40, 0.03->0.1 +0.10, 0.1->0.3 +0.02, 0.3->1 +0.28
-    epsilon, why = choose_epsilon(_rows([0.0, 0.0, 0.1, 0.5, 0.6, 0.62, 0.9]))
-    assert epsilon == 0.1
-    assert "60.0%" in why and "2.0 points" in why and "0.3" in why
-    # a flat start where nothing is removed is not a plateau
-    assert choose_epsilon(_rows([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.4]))[0] == 1.0
-    # ties: the smaller ε; the order rows come in does not matter
-    assert choose_epsilon(list(reversed(_rows([0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]))))[0] == 0.001
+def test_the_sweep_takes_the_smallest_epsilon_removing_half_of_the_most_any_removes():
+    # a real model's curve: no plateau, each larger ε removes a little more
+    epsilon, why = choose_epsilon(_rows([0.01, 0.02, 0.05, 0.12, 0.25, 0.41, 0.6]))
+    assert epsilon == 0.3 and "41.0%" in why and "60.0% at ε 1" in why
+    # a plateau is no obstacle either: half of 0.62 is first reached at 0.03
+    assert choose_epsilon(_rows([0.0, 0.0, 0.1, 0.5, 0.6, 0.62, 0.62]))[0] == 0.03
+    # the order rows come in does not matter; nothing removed anywhere: the largest ε
+    assert choose_epsilon(list(reversed(_rows([0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]))))[0] == 0.01
+    assert choose_epsilon(_rows([0.0] * 7)) == (1.0, "no ε of the sweep removed any reasoning")
     assert choose_epsilon([{"epsilon": 0.05, "removal_share": 0.3}]) == (0.05, "the only ε of the sweep")
 
 
