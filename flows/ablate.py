@@ -163,8 +163,11 @@ def race_ablate(home: str = ".race", out: str = "runs/ablate", seeds: tuple[int,
     else:
         base = PolicyRef.local(config.checkpoint or bootstrap_task(home, kinds=True)["checkpoint"])
     checkpoint = base.local_path(ArtifactStore(store))
+    if config.rl.env != config.evaluate.env:
+        raise ValueError(f"parameters 'rl.env' and 'evaluate.env': {config.rl.env!r} and {config.evaluate.env!r}; "
+                         "an ablation trains and evaluates in one environment")
     paths = list(config.inputs) or [demo_inputs_task(checkpoint, home, 0, tasks=input_tasks, shape=config.rl.shape,
-                                                     difficulty=config.rl.difficulty)["path"]]
+                                                     difficulty=config.rl.difficulty, env=config.rl.env)["path"]]
     chosen = {"epsilon": epsilons[0] if len(epsilons) == 1 else config.cover.epsilon, "why": "given"}
     if len(epsilons) > 1:
         chosen = sweep_task(replace(config, inputs=tuple(paths), checkpoint=checkpoint, store=store), tuple(epsilons),

@@ -43,6 +43,7 @@ from race_core.config import (
     field_help,
     replace,
 )
+from race_core.envs import ENV_NAMES
 from race_core.train.checkpoint_bootstrap import RECIPES, AgentBootstrapConfig
 
 DEFAULT_HOME = Path(".race")
@@ -94,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "policy; the default without --checkpoint), cpu or gpu (a checkpoint; picked by --device)")
     add_config_options(p, ABLATE_CONFIG, top=("inputs", "checkpoint"),
                        sections=("cover", "resources", "sft", "rl", "evaluate"))
+    p.add_argument("--env", choices=ENV_NAMES, help="the environment the policy plays, RL samples and evaluation "
+                   "draws from: sets --rl-env and --eval-env (default: the preset's)")
     p.add_argument("--seeds", type=int, nargs="+", help="SFT (and RL) seeds, one run each (default: the preset's)")
     p.add_argument("--input-tasks", type=int,
                    help="training tasks (of the preset's RL task shape) the policy plays for input, 2 episodes each "
@@ -282,7 +285,11 @@ def cmd_ablate(args) -> int:
     given = config_from_args(ABLATE_CONFIG, args)
     preset = PRESETS[args.preset or preset_for(given.checkpoint, given.resources.device)]
     config = config_from_args(preset.config, args)
+    if args.env:
+        config = replace(config, **{"rl.env": args.env, "evaluate.env": args.env})
     bootstrap = (preset.bootstrap or AgentBootstrapConfig()) if config.checkpoint else None
+    if bootstrap is not None and bootstrap.env != config.rl.env:  # the policy is made for the RL's environment
+        bootstrap = replace_field(bootstrap, env=config.rl.env, shape=config.rl.shape, difficulty=config.rl.difficulty)
     if args.recipe == "none" or (args.recipe is None and config.checkpoint and plays(config.checkpoint, config.rl.env)):
         bootstrap = None
     elif args.recipe and bootstrap is not None:

@@ -47,7 +47,7 @@ def bootstrap_task(home: str, kinds: bool = False) -> dict[str, Any]:
 
 @task(name="demo-inputs", cache_policy=NO_CACHE, retries=1)
 def demo_inputs_task(checkpoint: str, home: str, seed: int, tasks: int = DEMO_INPUT_TASKS,
-                     shape: str = "random", difficulty: int | None = None) -> dict[str, Any]:
+                     shape: str = "random", difficulty: int | None = None, env: str = "calculator") -> dict[str, Any]:
     """Play the policy on training tasks; its successful episodes become the RACE input JSONL (none
     is an error: the policy does not play yet)."""
     from race_core.policy import load_policy
@@ -56,15 +56,16 @@ def demo_inputs_task(checkpoint: str, home: str, seed: int, tasks: int = DEMO_IN
     started = time.perf_counter()
     samples, temperature = DEMO_INPUT_SAMPLES, DEMO_INPUT_TEMPERATURE
     digest = checkpoint_digest(checkpoint)[:16]
-    kind = ("" if shape == "random" else f"-{shape}") + ("" if difficulty is None else f"-d{difficulty}")
+    kind = (("" if env == "calculator" else f"-{env}") + ("" if shape == "random" else f"-{shape}")
+            + ("" if difficulty is None else f"-d{difficulty}"))
     path = Path(home) / "demo" / f"inputs-{digest}-{tasks}x{samples}-{seed}-t{temperature:g}{kind}.jsonl"
     cached = path.exists()
     if not cached:
         model, tokenizer = load_policy(checkpoint)
         trajectories, played = sample_successful_trajectories(model, tokenizer, tasks, samples, seed, temperature,
-                                                              shape, difficulty)
+                                                              shape, difficulty, env)
         if not trajectories:
-            raise ValueError(f"policy {checkpoint}: none of its {played} episodes on {tasks} {shape} training tasks "
+            raise ValueError(f"policy {checkpoint}: none of its {played} episodes on {tasks} {env} training tasks "
                              "succeeded, and its own successful episodes are RACE's input: train it to play first "
                              "(race bootstrap: more expert episodes or steps, or easier tasks)")
         path.parent.mkdir(parents=True, exist_ok=True)
