@@ -23,7 +23,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from flows.demo import DEMO_INPUT_TASKS, bootstrap_task, demo_inputs_task
-from race_core.ablation import ARMS, COVER_ARMS, DERIVED_ARMS
+from race_core.ablation import ARMS, COVER_ARMS, DERIVED_ARMS, rl_phases
 from race_core.config import CoverConfig, EvalConfig, PipelineConfig, Resources, RLConfig, SFTConfig, replace
 from race_core.train.checkpoint_bootstrap import AgentBootstrapConfig
 from storage import ArtifactStore
@@ -53,6 +53,8 @@ class AblatePreset:
     arms: tuple[str, ...] = ARMS
     input_tasks: int = ABLATE_INPUT_TASKS
     epsilons: tuple[float, ...] = ()  # several: the sweep on the inputs chooses; none: config.cover.epsilon
+    length_penalties: tuple[float, ...] = ()  # λ of the GRPO + reasoning-length-penalty runs (one RL run each)
+    rl_eval_every: int = 0  # evaluate the RL policies every N iterations too (0: only after the last)
     bootstrap: AgentBootstrapConfig | None = None  # how a chat checkpoint is made a calculator policy
     left_out: str = ""
 
@@ -65,7 +67,7 @@ _REAL = PipelineConfig(
 )
 PRESETS = {
     # the project's own kinds policy (no --checkpoint): the README's ablation
-    "tiny": AblatePreset("tiny", ABLATE_CONFIG),
+    "tiny": AblatePreset("tiny", ABLATE_CONFIG, rl_eval_every=3),  # the curve the README reads
     # a real checkpoint on a GPU: every arm, three SFT seeds, vLLM sampling
     "gpu": AblatePreset("gpu", replace(_REAL, **{"rl.sampler": "vllm", "evaluate.sampler": "vllm"}), input_tasks=256,
                         epsilons=EPSILON_SWEEP,
@@ -142,7 +144,8 @@ def sweep_task(config: PipelineConfig, epsilons: tuple[float, ...], out: str, ho
 def race_ablate(home: str = ".race", out: str = "runs/ablate", seeds: tuple[int, ...] = ABLATE_SEEDS,
                 input_tasks: int = ABLATE_INPUT_TASKS, config: PipelineConfig = ABLATE_CONFIG,
                 bootstrap: AgentBootstrapConfig | None = None, epsilons: tuple[float, ...] = (),
-                arms: tuple[str, ...] = ARMS, preset: str = "", left_out: str = "") -> dict[str, Any]:
+                arms: tuple[str, ...] = ARMS, preset: str = "", left_out: str = "",
+                length_penalties: tuple[float, ...] = (), rl_eval_every: int = 0) -> dict[str, Any]:
     """The arms x `seeds` SFT runs, then cover-aware RL vs plain GRPO from each seed's RACE policy.
 
     The policy: `config.checkpoint`, made a calculator policy first by `bootstrap` when given (a chat
@@ -198,14 +201,14 @@ def race_ablate(home: str = ".race", out: str = "runs/ablate", seeds: tuple[int,
             results.append({"arm": arm, "seed": seed, **_metrics(evaluated, policy)})
             if arm == "race":
                 race_policies[seed] = policy
-    every = max(1, config.rl.iterations // 4)
+    every = rl_eval_every or config.rl.iterations  # greedy held-out figures: after the last iteration, or every N
     diagnostics: dict[str, list[dict[str, Any]]] = {}
     if config.rl.iterations:
         for entry in (e for e in results if e["arm"] == "race"):
-            for phase, cover_aware in (("rl", True), ("grpo", False)):
-                rl = replace(config.rl, seed=entry["seed"], cover_aware=cover_aware)
+            for phase, cover_aware, penalty in rl_phases(length_penalties):
+                rl = replace(config.rl, seed=entry["seed"], cover_aware=cover_aware, length_penalty=penalty)
                 policy: Any = race_policies[entry["seed"]]
-                curve = []  # greedy held-out figures every `every` iterations: when does the policy move?
+                curve = []  # greedy held-out figures every `every` iterations (and after the last)
                 for i in range(rl.iterations):
                     sampled = t.sample_task(store, policy, rl, resources, i)
                     policy = t.rl_task(store, policy, sampled, rl, eps, resources, i)
@@ -230,7 +233,7 @@ def race_ablate(home: str = ".race", out: str = "runs/ablate", seeds: tuple[int,
         "run": {"command": _command(home, out, config.checkpoint, preset, epsilons), "preset": preset, "left_out": left_out, "seeds": list(seeds),
                 "arms": list(arms),
                 "epsilon": eps, "policy_digest": base.digest, "inputs": paths, "store": store,
-                "rl_iterations": config.rl.iterations,
+                "rl_iterations": config.rl.iterations, "length_penalties": list(length_penalties),
                 "rollouts_per_iteration": config.rl.tasks_per_iteration * config.rl.group_size,
                 "eval_tasks": config.evaluate.tasks, "wall_s": round(time.perf_counter() - started, 1)},
     }
@@ -240,7 +243,7 @@ def race_ablate(home: str = ".race", out: str = "runs/ablate", seeds: tuple[int,
     create_markdown_artifact(key="race-ablation", markdown=written["report"].read_text(),
                              description=f"RACE ablation ({out})")
     create_table_artifact(key="race-ablation-arms", description="success and reasoning tokens per arm and seed",
-                          table=[{k: v for k, v in e.items() if k not in ("rl", "grpo")} for e in results])
+                          table=[{k: v for k, v in e.items() if not isinstance(v, dict)} for e in results])
     return result
 
 

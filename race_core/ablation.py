@@ -25,6 +25,18 @@ from race_core.envs.base import REASONING_KINDS
 from race_core.schema import Trajectory
 
 ARMS = ("none", "race", "local", "random", "all")
+def rl_phases(length_penalties: Sequence[float] = ()) -> list[tuple[str, bool, float]]:
+    """(name, cover_aware, length penalty λ) of each RL run an ablation makes from a RACE policy:
+    cover-aware RL, plain GRPO, and GRPO with a reasoning-length penalty at each λ (`grpo+lp<λ>`)."""
+    return [("rl", True, 0.0), ("grpo", False, 0.0), *((f"grpo+lp{lam:g}", False, lam) for lam in length_penalties)]
+
+
+def phases_of(entry: Mapping[str, Any]) -> list[str]:
+    """The RL phases an ablation entry holds, in `rl_phases` order (rl, grpo, then grpo+lp by λ),
+    whatever order its keys came in (a JSON file's are sorted)."""
+    found = [k for k, v in entry.items() if isinstance(v, Mapping) and "success_rate" in v]
+    first = {"rl": 0, "grpo": 1}
+    return sorted(found, key=lambda k: (first.get(k, 2), float(k.removeprefix("grpo+lp")) if k not in first else 0))
 DERIVED_ARMS = ("none", "random", "all")  # made from the trajectories and the race arm's counts
 COVER_ARMS = {"race": False, "local": True}  # arm -> local_only of its cover
 

@@ -12,7 +12,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from race_core.ablation import ARMS, derived_removal, removed_by_kind
+from race_core.ablation import ARMS, derived_removal, phases_of, removed_by_kind
 from storage import ArtifactStore
 from storage.parquet import iter_rows_from_store
 from tasks.report import rl_table
@@ -68,7 +68,7 @@ def summarize(arms: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """(arm, phase) -> mean / min / max / std over seeds of each metric."""
     out: dict[str, dict[str, Any]] = {}
     for entry in arms:
-        phases = {entry["arm"]: entry} | {f"{entry['arm']}+{p}": entry[p] for p in ("rl", "grpo") if entry.get(p)}
+        phases = {entry["arm"]: entry} | {f"{entry['arm']}+{p}": entry[p] for p in phases_of(entry)}
         for key, values in phases.items():
             for m in METRICS:
                 out.setdefault(key, {}).setdefault(m, []).append(values[m])
@@ -94,6 +94,7 @@ def write_ablation(out_dir: str | Path, result: dict[str, Any]) -> dict[str, Pat
 
 
 _COLORS = {"none": "#4C72B0", "race": "#C44E52", "local": "#DD8452", "random": "#8172B2", "all": "#55A868"}
+_PHASE_NAMES = {"rl": "cover-aware RL", "grpo": "GRPO"}  # grpo+lp<λ>: GRPO with a reasoning-length penalty λ
 
 
 def plot_ablation(result: dict[str, Any], path: Path) -> Path | None:
@@ -105,11 +106,10 @@ def plot_ablation(result: dict[str, Any], path: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     labelled = set()
     for entry in result["arms"]:
-        for phase, marker in (("sft", "o"), ("rl", "^"), ("grpo", "v")):
-            values = entry if phase == "sft" else entry.get(phase)
-            if values is None:
-                continue
-            label = entry["arm"] + ("" if phase == "sft" else f" + {'cover-aware RL' if phase == 'rl' else 'GRPO'}")
+        for phase in ("sft", *phases_of(entry)):
+            values = entry if phase == "sft" else entry[phase]
+            marker = {"sft": "o", "rl": "^", "grpo": "v"}.get(phase, "s")
+            label = entry["arm"] + ("" if phase == "sft" else f" + {_PHASE_NAMES.get(phase, phase)}")
             ax.scatter(values["reasoning_tokens_per_episode"], 100 * values["success_rate"], marker=marker, s=50,
                        color=_COLORS.get(entry["arm"], "black"), label=None if label in labelled else label,
                        alpha=0.85, edgecolors="black" if phase != "sft" else "none")
@@ -188,16 +188,15 @@ def render_markdown(result: dict[str, Any], plot: str | None) -> str:
     lines += ["", "## Per seed", "", "| arm | seed | policy | success rate (%) | reasoning tokens / episode |",
               "|---|---|---|---|---|"]
     for entry in result["arms"]:
-        for phase in ("sft", "rl", "grpo"):
-            values = entry if phase == "sft" else entry.get(phase)
-            if values is None:
-                continue
+        for phase in ("sft", *phases_of(entry)):
+            values = entry if phase == "sft" else entry[phase]
             name = entry["arm"] + ("" if phase == "sft" else f"+{phase}")
             lines.append(f"| {name} | {entry['seed']} | `{values['policy_digest'][:12]}` | "
                          f"{100 * values['success_rate']:.1f} | {values['reasoning_tokens_per_episode']:.1f} |")
-    curves = [(e["seed"], phase, e[phase]) for e in result["arms"] for phase in ("rl", "grpo") if e.get(phase)]
+    curves = [(e["seed"], phase, e[phase]) for e in result["arms"] for phase in phases_of(e)]
     if curves:
-        lines += ["", "## RL from each seed's RACE policy: cover-aware RL (rl) vs plain GRPO (grpo)", "",
+        lines += ["", "## RL from each seed's RACE policy: cover-aware RL (rl), plain GRPO (grpo), GRPO with a "
+                  "reasoning-length penalty λ (grpo+lp<λ>: reward − λ · reasoning tokens)", "",
                   "Greedy held-out figures after each evaluated iteration, on the same rollout budget; `moved "
                   "after`: the first evaluated iteration whose figures differ from the SFT policy's.", "",
                   "| seed | RL | moved after | iteration: success % / reasoning tokens |", "|---|---|---|---|"]

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from race_core.ablation import ARMS, candidate_turns, derived_removal, removed_by_kind
+from race_core.ablation import ARMS, candidate_turns, derived_removal, phases_of, removed_by_kind
 from race_core.cover import logic_cover
 from race_core.decisions import remove_reasoning
 from race_core.envs.expert import REDUNDANT, expert_dataset, reasoning_kind
@@ -110,8 +110,9 @@ def test_the_ablation_flow_caches_every_arm(prefect_harness, smoke_policy, tmp_p
                                                                             max_new_tokens=24),
         rl=RLConfig(iterations=1, tasks_per_iteration=2, group_size=2, max_turns=4, max_new_tokens=24, shape="two-part"))
     home, out = tmp_path / "home", tmp_path / "out"
-    first = race_ablate(home=str(home), out=str(out), seeds=(0, 1), config=config)
-    again = race_ablate(home=str(home), out=str(out), seeds=(0, 1), config=config)
+    run = {"home": str(home), "out": str(out), "seeds": (0, 1), "config": config, "length_penalties": (0.01,)}
+    first = race_ablate(**run)
+    again = race_ablate(**run)
     assert first["computed"] > 0 and again["computed"] == 0
     assert again["arms"] == first["arms"] and again["removed_by_kind"] == first["removed_by_kind"]
     written = json.loads((out / "ablation.json").read_text())
@@ -121,7 +122,7 @@ def test_the_ablation_flow_caches_every_arm(prefect_harness, smoke_policy, tmp_p
         successes, tokens = entry["success_rate"] * episodes, entry["reasoning_tokens_per_episode"] * episodes
         assert abs(successes - round(successes)) < 1e-9 and 0 <= round(successes) <= episodes
         assert abs(tokens - round(tokens)) < 1e-9
-        assert ("rl" in entry and "grpo" in entry) == (entry["arm"] == "race")
+        assert phases_of(entry) == (["rl", "grpo", "grpo+lp0.01"] if entry["arm"] == "race" else [])
     assert (out / "ablation.png").stat().st_size > 0 and "| race |" in (out / "report.md").read_text()
     assert written["run"]["command"] == f"race ablate --home {home} --out {out} --checkpoint {smoke_policy}"
 
@@ -129,7 +130,9 @@ def test_the_ablation_flow_caches_every_arm(prefect_harness, smoke_policy, tmp_p
     arms = {arm: {t.id: t for t in iter_trajectories(store, digest, "compressed")}
             for arm, digest in first["compressed"].items()}
     training = first["training"]
-    assert training["random"]["removed"] == training["race"]["removed"] > 0
+    removed = {arm: training[arm]["reasoning_tokens_before"] - training[arm]["reasoning_tokens_after"]
+               for arm in ("race", "random")}
+    assert removed["race"] > 0 and abs(removed["random"] - removed["race"]) <= removed["race"] / 2  # matched tokens
     assert training["all"]["removed"] == sum(len(candidate_turns(t)) for t in arms["none"].values())
     assert training["none"]["removed"] == 0
     for tid, original in arms["none"].items():
