@@ -47,7 +47,11 @@ def machine() -> dict[str, Any]:
     import torch
     import transformers
 
-    facts: dict[str, Any] = {"processor": _cpu_model(), "logical_cores": os.cpu_count(),
+    from race_core.cpu import cpu_facts
+
+    cpu = cpu_facts()
+    facts: dict[str, Any] = {"processor": _cpu_model(), "cpu_vendor": cpu["vendor"],
+                             "matrix_extensions": cpu["matrix_extensions"], "logical_cores": os.cpu_count(),
                              "memory_bytes": _memory_total(), "platform": platform.platform(),
                              "python": platform.python_version(), "torch": torch.__version__,
                              "transformers": transformers.__version__, "torch_threads": torch.get_num_threads(),
