@@ -1,4 +1,4 @@
-"""Benchmarks (DESIGN §1): workloads, baselines and the work bound. Not imported by the pipeline.
+"""Benchmarks (docs/architecture.md §1): workloads, baselines and the work bound. Not imported by the pipeline.
 
   workload.py   synthetic trajectories whose fields have exact token lengths; the models benchmarked
   baselines.py  the naive scorer, the work bound in tokens, the raw forward throughput

@@ -2,7 +2,7 @@
 
 For the same trajectories, in one process: the renderer in `canonical` mode (the tokenizer's own
 ids of the rendered text) against `segments` mode (every segment tokenized alone, the renderer
-before DESIGN §3's rule). It reports the share of trajectories whose segment-wise ids equal the
+before docs/architecture.md §3's rule). It reports the share of trajectories whose segment-wise ids equal the
 tokenizer's own, the log-prob of each action's first token and the shift of each action's mean
 log-prob between the two, and how many of the cover's decisions at ε differ.
 

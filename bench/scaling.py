@@ -1,4 +1,4 @@
-"""Scaling benchmark: the same cover workload on 1 and 2 workers for each executor (DESIGN §8).
+"""Scaling benchmark: the same cover workload on 1 and 2 workers for each executor (docs/architecture.md §8).
 
     python -m bench.scaling [--executors local pool ray] [--workers 1 2] [--units 4] [--unit-seconds 30]
 

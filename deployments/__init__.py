@@ -1,4 +1,4 @@
-"""Prefect deployments (DESIGN §8):
+"""Prefect deployments (docs/architecture.md §8):
 
 - `race-pipeline/manual`: the whole pipeline; its one parameter, the `PipelineConfig`, is a nested
   form in the UI, editable before each run.

@@ -1,5 +1,5 @@
 """`race import --format auto|openai|sharegpt|swe-agent|react|responses|langchain --input FILES --out
-FILE.jsonl`: agent logs -> trajectories in the input contract (DESIGN §2), for `race validate` /
+FILE.jsonl`: agent logs -> trajectories in the input contract (docs/architecture.md §2), for `race validate` /
 `race cover` / `race run`.
 
 Streaming: each successful trajectory is written as its record is read, each skipped record and

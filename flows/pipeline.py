@@ -1,4 +1,4 @@
-"""The RACE pipeline flow: its body is the diagram of DESIGN §8.
+"""The RACE pipeline flow: its body is the diagram of docs/architecture.md §8.
 
 ingest -> validate -> cover -> compress -> sft -> (sample -> rl) x iterations -> evaluate -> report
 

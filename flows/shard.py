@@ -1,4 +1,4 @@
-"""The pool's child flow (DESIGN §8 scale-out): `race-units` does a group of a stage's units (cover
+"""The pool's child flow (docs/architecture.md §8 scale-out): `race-units` does a group of a stage's units (cover
 shards, sample chunks) on one device.
 
 `race serve` deploys it to the process work pool (`race-units/<pool>`) by module entrypoint

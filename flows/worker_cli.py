@@ -1,4 +1,4 @@
-"""`race worker --pool race-gpu --device cuda:N`: one worker of the shard pool per device (DESIGN §8).
+"""`race worker --pool race-gpu --device cuda:N`: one worker of the shard pool per device (docs/architecture.md §8).
 
 It is `prefect worker start --pool POOL --type process --limit 1` with `RACE_DEVICE=DEVICE` in its
 environment, which the child flow runs it starts inherit (`flows.shard` works on that device), and

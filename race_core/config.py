@@ -25,7 +25,7 @@ from race_core.envs.calculator import DEFAULT_MAX_TURNS
 from race_core.memory import parse_size
 from race_core.schema import DEFAULT_LIMITS, Limits
 
-DEFAULT_EPSILON = 1e-3  # the cover's tolerance ε (DESIGN §4)
+DEFAULT_EPSILON = 1e-3  # the cover's tolerance ε (docs/architecture.md §4)
 
 STAGES = ("ingest", "validate", "cover", "compress", "sft", "sample", "rl", "evaluate")
 COVER_STAGES = STAGES[:4]
@@ -46,7 +46,7 @@ def canonical_dtype(name: str) -> str:
 
 @dataclass(frozen=True)
 class IngestConfig:
-    """Reading the input JSONL (DESIGN §2)."""
+    """Reading the input JSONL (docs/architecture.md §2)."""
 
     max_field_chars: int = DEFAULT_LIMITS.max_field_chars  # longest text field accepted, in characters (0: no limit)
     max_turns: int = DEFAULT_LIMITS.max_turns  # most turns a trajectory may have (0: no limit)
@@ -168,7 +168,7 @@ class SFTConfig:
 
 @dataclass(frozen=True)
 class RLConfig:
-    """Cover-aware RL on on-policy rollouts in an environment (DESIGN §5). The cover's ε is the pipeline's."""
+    """Cover-aware RL on on-policy rollouts in an environment (docs/architecture.md §5). The cover's ε is the pipeline's."""
 
     iterations: int = 1  # sample -> update rounds
     tasks_per_iteration: int = 8  # K calculator tasks per iteration

@@ -1,4 +1,4 @@
-"""LoGiC progressive cover (DESIGN §4; the paper's Algorithm 1), batched as a wavefront.
+"""LoGiC progressive cover (docs/architecture.md §4; the paper's Algorithm 1), batched as a wavefront.
 
 For each successful trajectory with turns 0..T-1:
   1. s_j = ℓ(a_j | h_j) for every turn j, on the trajectory as it stands.

@@ -1,4 +1,4 @@
-"""Losses (DESIGN §5; the paper's eqs. 13-15).
+"""Losses (docs/architecture.md §5; the paper's eqs. 13-15).
 
 SFT: assistant-only next-token loss, token mean over the batch.
 

@@ -1,4 +1,4 @@
-"""Memory the HF scorer may keep (DESIGN §9): byte sizes written for people (`2GiB`), the memory a
+"""Memory the HF scorer may keep (docs/architecture.md §9): byte sizes written for people (`2GiB`), the memory a
 device has free, and the automatic KV budget.
 
 The scorer keeps copies of the keys/values of each trajectory's prefix so later rounds of the cover

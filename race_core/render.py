@@ -1,4 +1,4 @@
-"""Chat rendering and tokenization (DESIGN §3): token-in/token-out.
+"""Chat rendering and tokenization (docs/architecture.md §3): token-in/token-out.
 
 Each turn is one assistant message `<think>{reasoning}</think>\\nAction: {action}`; its observation
 follows as a user message `Observation: {observation}`. Removed reasoning renders as the empty block
@@ -111,7 +111,7 @@ class ChatWrappers:
         return cls(head=_without_bos(tokenizer, head), user_to_assistant=user_to_assistant, assistant_end=assistant_end,
                    assistant_to_user=between[len(assistant_end):])
 
-# -- tool calls (DESIGN §3) ---------------------------------------------------------------------
+# -- tool calls (docs/architecture.md §3) ---------------------------------------------------------------------
 _U1, _A1, _T1, _A2 = "\x00RACE_U1\x00", "\x00RACE_A1\x00", "\x00RACE_T1\x00", "\x00RACE_A2\x00"
 _SENTINEL_CALL = ToolCall("race_sentinel_tool", {"race_arg": "RACE_ARG_7f3a"})
 _SENTINEL_TOOL = {"type": "function", "function": {

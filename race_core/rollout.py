@@ -1,4 +1,4 @@
-"""Multi-turn on-policy episodes over a Sampler and an environment (DESIGN §5, §6).
+"""Multi-turn on-policy episodes over a Sampler and an environment (docs/architecture.md §5, §6).
 
 For K tasks × G samples, every episode's token sequence is built INCREMENTALLY: it starts as
 `renderer.prompt_ids(question, [])`, each step the sampler continues the current ids, and the

@@ -1,4 +1,4 @@
-"""Trajectory data contract (DESIGN §2).
+"""Trajectory data contract (docs/architecture.md §2).
 
 A trajectory is a question followed by turns of (reasoning, action, observation), optionally with a
 `system` prompt and the `tools` (JSON schemas) the agent was given. An action is text
@@ -119,7 +119,7 @@ class Turn:
     @property
     def action_text(self) -> str:
         """The action as text: itself, or its tool calls as JSON (the rendering of tool calls when
-        the chat template has no tool support, DESIGN §3)."""
+        the chat template has no tool support, docs/architecture.md §3)."""
         return self.action if isinstance(self.action, str) else tool_calls_text(self.action)
 
     def to_dict(self) -> dict[str, Any]:
@@ -163,7 +163,7 @@ class Trajectory:
     # -- construction -------------------------------------------------------------------------
     @classmethod
     def from_dict(cls, d: Any, limits: Limits = DEFAULT_LIMITS) -> Trajectory:
-        """Validate one input record (DESIGN §2); raise `SchemaError` naming the bad field."""
+        """Validate one input record (docs/architecture.md §2); raise `SchemaError` naming the bad field."""
         if not isinstance(d, dict):
             raise SchemaError(NOT_OBJECT, "<record>", f"expected a JSON object, got {type(d).__name__}")
         if limits.max_depth and _nested_deeper_than(d, limits.max_depth):
@@ -319,7 +319,7 @@ def _turn_from_dict(i: int, t: Any, limits: Limits) -> Turn:
 
 
 def _action_from_json(action: Any, where: str) -> Action:
-    """A text action, one tool call object, or a non-empty list of them (DESIGN §2)."""
+    """A text action, one tool call object, or a non-empty list of them (docs/architecture.md §2)."""
     if isinstance(action, str):
         if not action.strip():
             raise SchemaError(EMPTY_ACTION, where, "must not be empty")

@@ -1,4 +1,4 @@
-"""Building and tearing down vLLM engines for the `vllm` scoring and sampling backends (DESIGN §9).
+"""Building and tearing down vLLM engines for the `vllm` scoring and sampling backends (docs/architecture.md §9).
 
 vLLM is an optional dependency: `require_vllm()` imports it or fails with the exact `pip install`
 line of the extra that provides it. An engine is built once per stage over a local checkpoint folder

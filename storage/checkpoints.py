@@ -1,4 +1,4 @@
-"""Checkpoints as artifacts: a `save_pretrained` folder stored as a tree object (DESIGN §7).
+"""Checkpoints as artifacts: a `save_pretrained` folder stored as a tree object (docs/architecture.md §7).
 
 Only safe formats are stored: a folder holding pickled weights (`*.bin`, `*.pt`, `*.pth`, `*.pkl`,
 `*.ckpt`, ...) is refused; save with `safe_serialization=True` (safetensors) instead.

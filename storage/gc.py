@@ -1,4 +1,4 @@
-"""Garbage collection of an `ArtifactStore` (DESIGN §7) that a running stage survives.
+"""Garbage collection of an `ArtifactStore` (docs/architecture.md §7) that a running stage survives.
 
 A stage puts its objects first and writes its manifest last, so between the two its objects are
 unreferenced. `collect_garbage` therefore leaves alone everything younger than a grace period

@@ -1,4 +1,4 @@
-"""The stage key (DESIGN §7): one place that says when a stage's output can be reused.
+"""The stage key (docs/architecture.md §7): one place that says when a stage's output can be reused.
 
 key = sha256 of the canonical JSON of (stage name, stage version, config, input digests, model
 digest, code). `code` is what the stage's numbers depend on besides its inputs: the fingerprint of

@@ -1,4 +1,4 @@
-"""Parquet datasets of the pipeline (DESIGN §7): schemas, streaming writers, readers.
+"""Parquet datasets of the pipeline (docs/architecture.md §7): schemas, streaming writers, readers.
 
 Four datasets, one Arrow schema each (module constants, also in `SCHEMAS`):
 - `trajectories`: the validated inputs, one row per trajectory.

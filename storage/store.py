@@ -1,4 +1,4 @@
-"""Content-addressed artifact store over any fsspec filesystem (DESIGN §7).
+"""Content-addressed artifact store over any fsspec filesystem (docs/architecture.md §7).
 
 Layout under the root (a local folder or an fsspec URL such as `memory://x`, `s3://bucket/prefix`):
 

@@ -1,4 +1,4 @@
-"""What every stage function shares: the key-or-compute step (`run_stage`, DESIGN §7), datasets
+"""What every stage function shares: the key-or-compute step (`run_stage`, docs/architecture.md §7), datasets
 streamed into the store (`TempDataset`), reading the trajectories of a dataset object, the log
 callable. No stage lives here; the stage modules (`tasks.stages`, `tasks.shards`,
 `tasks.training_stages`, `tasks.ablation`) import it, and it imports none of them.

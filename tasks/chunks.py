@@ -1,4 +1,4 @@
-"""The sample stage's unit of work: a chunk of an RL iteration's training tasks (DESIGN §8 scale-out).
+"""The sample stage's unit of work: a chunk of an RL iteration's training tasks (docs/architecture.md §8 scale-out).
 
 With `rl.sample_chunk` = C > 0 the K tasks of an iteration are played C at a time
 (`race_core.rollout.sample_chunks`): chunk c has its own sampler seed, so its rollouts depend on the

@@ -1,5 +1,5 @@
 """Scoring the cover's trajectories in one process: the scorer the cover builds, the trajectories
-too long to score, and `ShardScorer`, which scores shard after shard with one scorer (DESIGN §4).
+too long to score, and `ShardScorer`, which scores shard after shard with one scorer (docs/architecture.md §4).
 `tasks.shards` commits what it scores."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The pipeline's stages, each declared once (DESIGN §7, §8).
+"""The pipeline's stages, each declared once (docs/architecture.md §7, §8).
 
 A `Stage` says what the stage is called (`name`, its folder under the store's `stages/`), which
 stages' outputs it reads (`needs`), what its key hashes besides its config and inputs (`key`: the

@@ -1,6 +1,6 @@
 """What a stage's numbers depend on besides its config and inputs: the one place that lists it.
 
-The `code` part of a stage key (DESIGN §7, `storage.keys.stage_key`) is
+The `code` part of a stage key (docs/architecture.md §7, `storage.keys.stage_key`) is
 - `source`: sha256 over (path, content) of the modules that compute the stage's numbers
   (`STAGE_SOURCES`, from each stage's declaration in `tasks.declarations`; globs are relative to
   the project root), so editing one of them reruns that stage and no other;

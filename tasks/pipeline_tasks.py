@@ -1,4 +1,4 @@
-"""Prefect tasks: one per stage, thin wrappers over `tasks.stages` (DESIGN §8).
+"""Prefect tasks: one per stage, thin wrappers over `tasks.stages` (docs/architecture.md §8).
 
 Each task has its own retries and delay; GPU stages carry the tag `gpu` (concurrency limits by
 tag); both come from the stage's declaration (`tasks.declarations`). Tasks take the typed configs of `race_core.config` and return their stage manifest, a small

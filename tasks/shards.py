@@ -1,4 +1,4 @@
-"""The cover stage's unit of work: the shard (DESIGN §7, §8 scale-out).
+"""The cover stage's unit of work: the shard (docs/architecture.md §7, §8 scale-out).
 
 The cover's input is cut, in its stored order, every `resources.shard_size` trajectories. A shard is
 named by what it holds, not where it sits: its key is `<scope>-<sha256 of its trajectory ids>`,
@@ -20,7 +20,7 @@ manifest.
 
 Shard size changed: the new shards have new keys, but a trajectory already decided in a committed
 shard of the same scope is not scored again: its decision and reject rows are copied from that
-shard (each trajectory's decisions do not depend on its shard-mates, DESIGN §4), and only the rest
+shard (each trajectory's decisions do not depend on its shard-mates, docs/architecture.md §4), and only the rest
 is scored. The stage finds the committed shards of other sizes once, by listing the scope's
 manifests (only when some shard of the plan is missing), and gives each unit the ones it copies from.
 """

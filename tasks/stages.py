@@ -1,4 +1,4 @@
-"""The pipeline's stages as plain functions: manifests in, manifests out (DESIGN §7, §8).
+"""The pipeline's stages as plain functions: manifests in, manifests out (docs/architecture.md §7, §8).
 
 Each stage computes its key from (stage name, version, the config it runs, input digests, model
 digest, its code fingerprint and library versions: `tasks.fingerprints`); if the store holds a

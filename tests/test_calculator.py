@@ -1,4 +1,4 @@
-"""Bounded calculator (DESIGN §6): safe evaluator, seeded tasks, environment, private judge."""
+"""Bounded calculator (docs/architecture.md §6): safe evaluator, seeded tasks, environment, private judge."""
 
 from __future__ import annotations
 

@@ -91,7 +91,7 @@ def test_early_rejection_makes_the_same_decisions():
 
 
 def sequential_logic(trajectory, score, epsilon):
-    """DESIGN §4 written plainly, one trajectory, one candidate at a time, over a plain scorer.
+    """docs/architecture.md §4 written plainly, one trajectory, one candidate at a time, over a plain scorer.
     Returns the compressed trajectory, the skipped turns and {turn: drops} per scored candidate."""
     current, s = trajectory, score(trajectory)
     skipped, drops = [], {}

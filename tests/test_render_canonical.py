@@ -1,4 +1,4 @@
-"""Token-in/token-out rendering (DESIGN §3): on generated trajectories, the rendered ids are the
+"""Token-in/token-out rendering (docs/architecture.md §3): on generated trajectories, the rendered ids are the
 tokenizer's own ids of the rendered text, an action's tokens are exactly the tokens that overlap
 its characters, and the ids before every turn do not depend on that turn."""
 

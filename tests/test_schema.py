@@ -49,7 +49,7 @@ CASES = [
     (good(turns=[{"reasoning": "r", "action": "a", "observation": float("inf")}]), schema.NON_FINITE_NUMBER, "turns"),
     (good(tree=json.loads("[" * 150 + "]" * 150)), schema.TOO_DEEP, "<record>"),
     (good(small="s", blob="x" * (2 << 20)), schema.EXTRA_TOO_LARGE, "blob"),
-    # tool calls (DESIGN §2): a call needs a non-empty name and object arguments
+    # tool calls (docs/architecture.md §2): a call needs a non-empty name and object arguments
     (good(turns=[{"action": {"arguments": {}}}]), schema.BAD_TOOL_CALL, "turns[0].action.name"),
     (good(turns=[{"action": {"name": " ", "arguments": {}}}]), schema.BAD_TOOL_CALL, "turns[0].action.name"),
     (good(turns=[{"action": {"name": "f", "arguments": '{"x": 1}'}}]), schema.BAD_TOOL_CALL,

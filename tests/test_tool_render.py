@@ -1,4 +1,4 @@
-"""Tool calls rendered as the model's own (DESIGN §3), on the real SmolLM2 tokenizer: with a
+"""Tool calls rendered as the model's own (docs/architecture.md §3), on the real SmolLM2 tokenizer: with a
 template that renders tool calls, a trajectory's ids are the tokenizer's own ids of the template's
 text and each action span is exactly the tool-call tokens; with one that does not, the documented
 JSON fallback, recorded in the render mode."""

@@ -1,4 +1,4 @@
-"""SFT and the RL update across processes (DESIGN §8): the training stages launch 2 CPU processes
+"""SFT and the RL update across processes (docs/architecture.md §8): the training stages launch 2 CPU processes
 (torchrun, gloo) that give the 1-process step losses and weights of the same global batch within
 the float noise measured here (the 1-process run regrouped: the same examples summed in another
 order); a killed process fails the stage with an error that says which and where a rerun resumes,

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from race_core.envs.base import Environment
 
 ENVIRONMENTS = {
-    "calculator": "race_core.envs.calculator.environment:CALCULATOR",  # DESIGN §6: 1-3 operations, or two-part
+    "calculator": "race_core.envs.calculator.environment:CALCULATOR",  # docs/architecture.md §6: 1-3 operations, or two-part
     "lookup": "race_core.envs.lookup:LOOKUP",  # multi-hop lookups in a generated people directory, then calc
 }
 ENV_NAMES = tuple(ENVIRONMENTS)

@@ -10,7 +10,7 @@ chat template takes tools (`AgentPrompt.for_renderer`):
 - `text`: the template has no tool rendering: the system message describes the actions and the
   model writes them as text, `name[value]`, after `Action: `.
 
-In both, each turn opens with the reasoning block `<think>...</think>` (DESIGN §3). The prompt a
+In both, each turn opens with the reasoning block `<think>...</think>` (docs/architecture.md §3). The prompt a
 policy was trained with travels with it, in its tokenizer's `tokenizer_config.json` (key
 `race_agent`, written by `save_pretrained` like the chat template and covered by the model
 digest), so whoever samples or evaluates the policy gives it the same prompt (`AgentPrompt.of`). A

@@ -133,7 +133,7 @@ class Episode:
     source_revision: str = ""
 
     def to_trajectory(self, environment: str = "", source_revision: str = "") -> Trajectory:
-        """The episode as a validated `Trajectory` (DESIGN §2). Raises ValueError for a failed
+        """The episode as a validated `Trajectory` (docs/architecture.md §2). Raises ValueError for a failed
         episode (only successful trajectories are RACE inputs) and `SchemaError` for a turn
         that breaks the contract (e.g. an empty action)."""
         if not self.success:

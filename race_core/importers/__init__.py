@@ -1,4 +1,4 @@
-"""Agent logs -> the input contract (DESIGN §2): what `race import` writes and what the ingest stage
+"""Agent logs -> the input contract (docs/architecture.md §2): what `race import` writes and what the ingest stage
 reads when its `format` is not `race`.
 
 `import_stream(binary, source, format)` reads a file's records (`reader.RecordReader`: JSONL, one
@@ -211,7 +211,7 @@ def _trajectory(spec: Format | str, line: int, record: Any, source: str, options
 
 def contract_record(spec: Format, record: Any, source: str, line: int, options: ImportOptions = ImportOptions()
                     ) -> tuple[dict[str, Any], bool]:
-    """One source record as a contract record (DESIGN §2), not yet validated, and whether it was
+    """One source record as a contract record (docs/architecture.md §2), not yet validated, and whether it was
     taken as successful for want of a flag (`options.assume_successful`); raises `SkipRecord`."""
     if not isinstance(record, dict):
         raise SkipRecord(NOT_OBJECT, "<record>", f"expected a JSON object, got {type(record).__name__}")

@@ -1,4 +1,4 @@
-"""Transformers scorer (DESIGN §9): float32 on CPU by default, requests batched by padding, and the
+"""Transformers scorer (docs/architecture.md §9): float32 on CPU by default, requests batched by padding, and the
 KV cache of each trajectory's unchanged prefix reused across the cover's rounds.
 
 For each trajectory key the scorer keeps the keys/values of two fed sequences: the one the cover

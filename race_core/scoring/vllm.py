@@ -1,4 +1,4 @@
-"""vLLM scorer (DESIGN §9): action likelihoods from `prompt_logprobs` over token-id prompts.
+"""vLLM scorer (docs/architecture.md §9): action likelihoods from `prompt_logprobs` over token-id prompts.
 
 Each request becomes one token-id prompt, the trajectory rendered by our Renderer and cut at the
 end of the last action scored, with `SamplingParams(max_tokens=1, prompt_logprobs=0)`: vLLM then

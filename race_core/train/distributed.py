@@ -1,6 +1,6 @@
 """SFT and the RL update under accelerate: one code path for one process, N processes on one host
 (DDP; gloo on CPU) and N hosts, with FSDP or DeepSpeed ZeRO chosen by an accelerate config file
-(DESIGN §8). The loops (`race_core.train.sft`, `race_core.train.rl`) open a `TrainRun` and do
+(docs/architecture.md §8). The loops (`race_core.train.sft`, `race_core.train.rl`) open a `TrainRun` and do
 their arithmetic through it; this module knows nothing of what they compute.
 
 Exact losses across processes. Every process holds the whole batch's description (the examples'

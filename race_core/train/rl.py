@@ -1,4 +1,4 @@
-"""Cover-aware RL on on-policy calculator rollouts (DESIGN §5; the paper's eqs. 13-15).
+"""Cover-aware RL on on-policy calculator rollouts (docs/architecture.md §5; the paper's eqs. 13-15).
 
 One iteration:
   1. G rollouts for each of K tasks from the current policy (`race_core.rollout.sample_rollouts`,

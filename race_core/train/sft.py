@@ -1,4 +1,4 @@
-"""Supervised fine-tuning on (compressed) trajectories (DESIGN §5): a torch loop under accelerate.
+"""Supervised fine-tuning on (compressed) trajectories (docs/architecture.md §5): a torch loop under accelerate.
 
 Each trajectory is rendered by `race_core.render` (one place for how a turn looks); the targets are
 the assistant tokens (roles in `ASSISTANT_ROLES`: markers, reasoning, action prefix, action, end),

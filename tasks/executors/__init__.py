@@ -1,4 +1,4 @@
-"""Executors: where a stage's units of work run (DESIGN §8 scale-out; datatrove's shape).
+"""Executors: where a stage's units of work run (docs/architecture.md §8 scale-out; datatrove's shape).
 
 A stage declares its units as a `tasks.units.UnitJob` and hands the ones not committed yet to the
 executor that `resources` names; the executor runs them and returns when every one is committed,

@@ -1,4 +1,4 @@
-"""The pool executor: a stage's units as child flow runs on a Prefect work pool (DESIGN §8 scale-out).
+"""The pool executor: a stage's units as child flow runs on a Prefect work pool (docs/architecture.md §8 scale-out).
 
 `PoolExecutor.run` (the parent: a cover or sample stage whose resources name the pool) cuts the
 units into groups (`UnitJob.units_per_process`: `resources.pool_shards` for the cover, else one) and

@@ -1,4 +1,4 @@
-"""The Ray executor: a stage's units on Ray actors, one per device (DESIGN §8 scale-out).
+"""The Ray executor: a stage's units on Ray actors, one per device (docs/architecture.md §8 scale-out).
 
 `--executor ray --ray-address ADDR` connects this process (the stage, inside its Prefect task: Prefect
 still orchestrates the run) to the Ray cluster at ADDR (none: a Ray of this machine) and starts

@@ -1,4 +1,4 @@
-"""Bounded calculator environment (DESIGN §6); public surface (DESIGN §11).
+"""Bounded calculator environment (docs/architecture.md §6); public surface (docs/architecture.md §11).
 
 Four parts, each usable on its own:
 

@@ -1,4 +1,4 @@
-"""The bounded calculator environment (DESIGN §6).
+"""The bounded calculator environment (docs/architecture.md §6).
 
 `CalculatorEnv` (reset/step, used step by step by samplers) parses the agent's actions
 `calc[<expression>]` and `finish[<number>]` and judges a finish privately (`tasks.judge`);

@@ -1,4 +1,4 @@
-"""Safe evaluator of the bounded calculator (DESIGN §6); usable on its own.
+"""Safe evaluator of the bounded calculator (docs/architecture.md §6); usable on its own.
 
 Our own tokenizer and recursive-descent parser over + - * / (with × and ÷ as aliases),
 parentheses, unary minus, integer and decimal literals, computed exactly with `Fraction`.

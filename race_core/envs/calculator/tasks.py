@@ -1,4 +1,4 @@
-"""Seeded task generator of the bounded calculator (DESIGN §6) and its private judge.
+"""Seeded task generator of the bounded calculator (docs/architecture.md §6) and its private judge.
 
 Integer expressions with 1-3 operations of + - * and exact /, operands 0..99. Tasks are split by
 a hash of the expression into "train" and "heldout", so training and held-out tasks never share a
