@@ -116,3 +116,18 @@ def test_the_readme_links_only_to_files_that_exist_and_keeps_its_result_markers(
     records.replace_table(copy, "| new | table |\n")
     start, end = text.index(records.TABLE_START), text.index(records.TABLE_END)
     assert copy.read_text() == text[:start] + f"{records.TABLE_START}\n| new | table |\n" + text[end:]
+
+
+def test_every_reference_to_the_architecture_page_names_one_of_its_sections():
+    """The code cites the design as `docs/architecture.md §N`: each N is a section of that page."""
+    sections = {int(m) for m in re.findall(r"^## (\d+)\. ", (ROOT / "docs" / "architecture.md").read_text(), re.M)}
+    cited: dict[int, list[str]] = {}
+    for path in ROOT.rglob("*"):
+        if path.suffix not in (".py", ".md", ".sh") or any(part.startswith(".") or part == "site" for part in
+                                                           path.relative_to(ROOT).parts):
+            continue
+        for n in re.findall(r"docs/architecture\.md §(\d+)", path.read_text(errors="replace")):
+            cited.setdefault(int(n), []).append(str(path.relative_to(ROOT)))
+    assert sections == set(range(1, 12)) and len(cited) >= 8
+    assert set(cited) <= sections, {n: files for n, files in cited.items() if n not in sections}
+    assert not [p for p in ROOT.rglob("*.py") if ".venv" not in p.parts and "DESIGN §" in p.read_text()]
