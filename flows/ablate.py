@@ -225,6 +225,7 @@ def race_ablate(home: str = ".race", out: str = "runs/ablate", seeds: tuple[int,
         "arms": results,
         "before": _metrics(before, base),
         "removed_by_kind": _removed_by_kind(store, ingested, compressed),
+        "cross_turn": _cross_turn(store, compressed),
         "training": {arm: compressed[arm]["metrics"] for arm in compressed},
         "compressed": {arm: compressed[arm]["objects"]["compressed"] for arm in compressed},  # each arm's Parquet
         "epsilon_choice": chosen,
@@ -251,6 +252,21 @@ def _moved_after(start: dict[str, Any], curve: list[dict[str, Any]]) -> int | No
     """The first evaluated iteration whose greedy figures differ from the SFT policy's (None: never)."""
     same = ("success_rate", "reasoning_tokens_per_episode", "turns_per_episode")
     return next((c["iteration"] for c in curve if any(c[k] != start[k] for k in same)), None)
+
+
+def _cross_turn(store: str, compressed: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """RACE's candidates rejected only by a later action (its compress stage's count), and of the
+    local-only arm's accepted removals, how many RACE rejected on the same trajectories."""
+    from race_core.decisions import local_accepted_race_rejected
+    from storage import ArtifactStore
+    from tasks.ablation import removals
+
+    out: dict[str, Any] = {"race": compressed["race"]["metrics"].get("cross_turn")}
+    if "local" in compressed:
+        at = ArtifactStore(store)
+        out["local_vs_race"] = local_accepted_race_rejected(removals(at, compressed["race"]["objects"]["compressed"]),
+                                                            removals(at, compressed["local"]["objects"]["compressed"]))
+    return out
 
 
 def _removed_by_kind(store: str, ingested: dict[str, Any], compressed: dict[str, dict[str, Any]]) -> dict[str, Any]:

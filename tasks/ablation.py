@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from race_core.ablation import ARMS, derived_removal, phases_of, removed_by_kind
+from race_core.decisions import cross_turn_text
 from storage import ArtifactStore
 from storage.parquet import iter_rows_from_store
 from tasks.report import rl_table
@@ -174,6 +175,17 @@ def render_markdown(result: dict[str, Any], plot: str | None) -> str:
             vs = f"{100 * (ratio - 1):+.0f}%"
         lines.append(f"| {arm} | {s['seeds']} | {_cell(s['success_rate'], True)} | "
                      f"{_cell(s['reasoning_tokens_per_episode'], False)} | {vs} |")
+    cross = result.get("cross_turn") or {}
+    if cross.get("race") or cross.get("local_vs_race"):
+        lines += ["", "## The cross-turn check", ""]
+        if cross.get("race"):
+            lines.append(f"- RACE at ε {result['run']['epsilon']:g}: {cross_turn_text(cross['race'])} (their own "
+                         "action's drop was within ε)")
+        gap = cross.get("local_vs_race")
+        if gap:
+            share = "" if gap["share"] is None else f" ({100 * gap['share']:.1f}%)"
+            lines.append(f"- of the local-only arm's {gap['local_accepted']} accepted removals, RACE rejected "
+                         f"{gap['race_rejected']}{share} on the same trajectories")
     kinds = result.get("removed_by_kind", {})
     if kinds:
         names = [k for k in next(iter(kinds.values()))]

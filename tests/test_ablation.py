@@ -124,6 +124,10 @@ def test_the_ablation_flow_caches_every_arm(prefect_harness, smoke_policy, tmp_p
         assert abs(tokens - round(tokens)) < 1e-9
         assert phases_of(entry) == (["rl", "grpo", "grpo+lp0.01"] if entry["arm"] == "race" else [])
     assert (out / "ablation.png").stat().st_size > 0 and "| race |" in (out / "report.md").read_text()
+    cross, gap = written["cross_turn"]["race"], written["cross_turn"]["local_vs_race"]
+    assert 0 <= cross["rejected_by_later"] <= cross["rejected"] <= cross["candidates"] > 0
+    assert gap["local_accepted"] == first["training"]["local"]["removed"] >= gap["race_rejected"] >= 0
+    assert "## The cross-turn check" in (out / "report.md").read_text()
     assert written["run"]["command"] == f"race ablate --home {home} --out {out} --checkpoint {smoke_policy}"
 
     store = ArtifactStore(str(home / "store"))
