@@ -25,6 +25,7 @@ from prefect.cache_policies import NO_CACHE
 from flows.demo import DEMO_INPUT_TASKS, bootstrap_task, demo_inputs_task
 from race_core.ablation import ARMS, COVER_ARMS, DERIVED_ARMS, rl_phases
 from race_core.config import CoverConfig, EvalConfig, PipelineConfig, Resources, RLConfig, SFTConfig, replace
+from race_core.cpu import fast_bf16
 from race_core.train.checkpoint_bootstrap import AgentBootstrapConfig
 from storage import ArtifactStore
 from tasks import pipeline_tasks as t
@@ -55,7 +56,7 @@ class AblatePreset:
     epsilons: tuple[float, ...] = ()  # several: the sweep on the inputs chooses; none: config.cover.epsilon
     length_penalties: tuple[float, ...] = ()  # λ of the GRPO + reasoning-length-penalty runs (one RL run each)
     rl_eval_every: int = 0  # evaluate the RL policies every N iterations too (0: only after the last)
-    bootstrap: AgentBootstrapConfig | None = None  # how a chat checkpoint is made a calculator policy
+    bootstrap: AgentBootstrapConfig | None = None  # how a chat checkpoint is made a policy of the environment
     left_out: str = ""
 
 
@@ -86,6 +87,27 @@ PRESETS = {
                  "8 tasks (not 12 of 16), 256 expert episodes for the bootstrap (not 1024); random tasks of 1-3 "
                  "operations, not two-part ones of 4"),
 }
+
+
+# The multi-turn regime (`--env lookup`, docs/guides/environments.md): episodes of 5-6 turns in which
+# a number read at one turn is what a later calc needs. The bootstrap SFT in micro-batches of 4 (a
+# 135M model's step on 8 episodes of ~700 tokens held 13 GiB), under bf16 autocast where the CPU
+# multiplies bf16 in hardware (AMX / AVX512-BF16: `race_core.cpu`), float32 elsewhere.
+_LOOKUP_SFT = SFTConfig(lr=3e-4, epochs=1, batch_size=4, grad_accumulation=2, warmup_steps=10, min_lr_ratio=0.1,
+                        max_length=1024, seed=0)
+_LOOKUP = replace(_REAL, **{"rl.env": "lookup", "evaluate.env": "lookup", "rl.shape": "random",
+                            "evaluate.shape": "random", "sft.batch_size": 4, "sft.grad_accumulation": 2,
+                            "rl.micro_batch": 2, "resources.mixed_precision": "bf16" if fast_bf16() else "no"})
+PRESETS["gpu-lookup"] = AblatePreset(
+    "gpu-lookup", replace(_LOOKUP, **{"rl.sampler": "vllm", "evaluate.sampler": "vllm", "resources.mixed_precision": "bf16"}),
+    input_tasks=256, epsilons=EPSILON_SWEEP, length_penalties=(0.001, 0.003, 0.01),
+    bootstrap=AgentBootstrapConfig(env="lookup", expert_tasks=1024, sft=_LOOKUP_SFT))
+PRESETS["cpu-lookup"] = AblatePreset(
+    "cpu-lookup", replace(_LOOKUP, **{"rl.iterations": 2, "rl.tasks_per_iteration": 8, "evaluate.tasks": 64}),
+    seeds=(0, 1, 2), input_tasks=48, epsilons=EPSILON_SWEEP, length_penalties=(0.003,),
+    bootstrap=AgentBootstrapConfig(env="lookup", expert_tasks=512, sft=_LOOKUP_SFT),
+    left_out="48 input tasks (not 256), 64 held-out tasks (not 200), 2 RL iterations of 8 tasks (not 12 of 16), "
+             "one length-penalty λ (not three), 512 expert episodes for the bootstrap (not 1024)")
 
 
 def preset_for(checkpoint: str, device: str) -> str:
