@@ -90,6 +90,21 @@ def automatic_kv_budget(device: str) -> int:
     return int(KV_MEMORY_SHARE * available_memory(device))
 
 
+def release_freed_memory() -> bool:
+    """Hand the heap's free memory back to the kernel now (glibc's `malloc_trim(0)`), after a phase
+    whose peak the next one will not reach again (training, before sampling): with
+    `keep_freed_memory` the heap otherwise stays at that peak. False where it does not apply."""
+    import gc
+
+    gc.collect()
+    try:
+        trim = ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return bool(trim(0))
+
+
 def keep_freed_memory() -> bool:
     """Make glibc's malloc keep freed large blocks for reuse instead of returning them to the kernel
     (see the module's notes): both thresholds at KEEP_FREED_BYTES, which also ends glibc's own

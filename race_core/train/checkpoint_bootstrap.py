@@ -160,10 +160,12 @@ def demonstrated(agent: AgentPrompt, renderer: Renderer, config: AgentBootstrapC
 
 
 def bootstrap_agent(model, tokenizer, config: AgentBootstrapConfig = AgentBootstrapConfig(), log: Log = _quiet,
-                    options=None) -> AgentBootstrapReport:
+                    options=None, trained: Callable[[Any, Any], None] | None = None) -> AgentBootstrapReport:
     """Train `model` (in place) to play `config.env` by `config.recipe`; the tokenizer gets the
     agent prompt. Returns what was trained on and the fresh on-policy check. `options`: how the SFT
-    runs train (`race_core.train.distributed.TrainOptions`: mixed precision, ...)."""
+    runs train (`race_core.train.distributed.TrainOptions`: mixed precision, ...); `trained(model,
+    tokenizer)` is called once training is done, before the check (to save the policy first)."""
+    from race_core.memory import release_freed_memory
     from race_core.train.sft import train_sft
 
     started = time.perf_counter()
@@ -206,6 +208,9 @@ def bootstrap_agent(model, tokenizer, config: AgentBootstrapConfig = AgentBootst
             if kept:
                 entry.update(sft(list(kept.values()), f"round {k + 1}"))
             rounds.append(entry)
+    if trained is not None:
+        trained(model, tokenizer)
+    release_freed_memory()  # the training's peak, which sampling does not reach again
     check_tasks = env.generate_tasks(config.check_tasks, config.seed + _CHECK_SEED_OFFSET, config.difficulty,
                                      split="train", shape=config.shape)
     check = _episode_figures(play(model, tokenizer, check_tasks, config.check_samples, config,
@@ -227,8 +232,9 @@ def bootstrap_checkpoint(checkpoint: str | Path, out_dir: str | Path,
     from race_core.train.distributed import TrainOptions
 
     model, tokenizer = load_policy(checkpoint, device=device, dtype=dtype)
-    report = bootstrap_agent(model, tokenizer, config, log, options=TrainOptions(mixed_precision=mixed_precision))
-    out = save_policy(model, tokenizer, out_dir)
+    out = Path(out_dir)
+    report = bootstrap_agent(model, tokenizer, config, log, options=TrainOptions(mixed_precision=mixed_precision),
+                             trained=lambda m, t: save_policy(m, t, out))  # saved before the check: it is kept
     (out / REPORT_FILE).write_text(json.dumps({"source": str(checkpoint), "config": asdict(config),
                                                **report.to_dict()}, indent=1, default=str) + "\n")
     return report
