@@ -116,6 +116,56 @@ def action_as_text(action: Action, tools: Sequence[Tool]) -> str:
     return f"{call.name}[{value}]"
 
 
+FINISH_OBSERVATION = "Episode finished."
+
+
+class BudgetEpisode:
+    """One episode on one task with a budget of turns: each `step` uses one turn, whatever the
+    action. A tool-call action is run as its text (`action_as_text` over `tools`: one call of one of
+    them); a subclass answers the text in `act` and ends the episode with `finish`. When the budget
+    is used up the episode ends unsuccessfully."""
+
+    tools: tuple[Tool, ...] = ()
+
+    def __init__(self, task: Any, max_turns: int):
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be at least 1, got {max_turns}")
+        self.task = task
+        self.max_turns = max_turns
+        self.reset()
+
+    def reset(self) -> str:
+        """Start (again) and return the question: the only prompt the agent sees."""
+        self.turns_used = 0
+        self.finished = False
+        self.success = False
+        self.done = False
+        return self.task.question
+
+    @property
+    def reward(self) -> float:
+        return 1.0 if self.success else 0.0
+
+    def act(self, text: str) -> str:
+        """The observation of one action's text (stripped; "" for an action that is no call of a tool)."""
+        raise NotImplementedError
+
+    def finish(self, success: bool) -> str:
+        """End the episode, judged `success`; the observation of the finishing turn."""
+        self.finished, self.success = True, success
+        return FINISH_OBSERVATION
+
+    def step(self, action: Action) -> StepResult:
+        """Apply one action. Never raises for any text; raises RuntimeError once the episode is over."""
+        if self.done:
+            raise RuntimeError("the episode is over; call reset() to start again")
+        self.turns_used += 1
+        text = action_as_text(action, self.tools).strip() if isinstance(action, str | tuple) else ""
+        observation = self.act(text)
+        self.done = self.finished or self.turns_used >= self.max_turns
+        return StepResult(observation, self.done)
+
+
 PolicyFn = Callable[[str, Sequence[Turn]], tuple[str, str]]
 
 

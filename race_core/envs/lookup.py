@@ -49,12 +49,12 @@ from race_core.envs.base import (
     HELDOUT_SEED_OFFSET,
     LATER,
     REDUNDANT,
+    BudgetEpisode,
     Environment,
-    StepResult,
     Tool,
     bracketed,
 )
-from race_core.schema import Action, Trajectory, Turn
+from race_core.schema import Trajectory, Turn
 
 ENVIRONMENT_NAME = "people-lookup-v1"
 ENV_REVISION = "1"
@@ -68,7 +68,6 @@ QUESTION_TAIL = " Actions: search[<full name>], calc[<number> <op> <number>], fi
 INVALID_ACTION_OBSERVATION = ("Invalid action: expected search[<full name>], calc[<number> <op> <number>] "
                               "or finish[<number>].")
 CALC_ERROR = "Error: calc takes one operation on two integers, like 12 + 7."
-FINISH_OBSERVATION = "Episode finished."
 
 SPECS = (Tool("search", "name", "Look a person up in the directory by full name.", "for example Karo Velmi"),
          Tool("calc", "expression", "One operation (+ - *) on two integers.", "for example 47 + 12"),
@@ -297,43 +296,20 @@ def calculate(expression: str) -> str:
     return str(_apply(match[2], int(match[1]), int(match[3])))
 
 
-class LookupEnv:
+class LookupEnv(BudgetEpisode):
     """One episode on one task; each `step` uses one turn of the budget, whatever the action."""
 
-    def __init__(self, task: LookupTask, max_turns: int):
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be at least 1, got {max_turns}")
-        self.task = task
-        self.max_turns = max_turns
-        self.reset()
+    tools = SPECS
 
-    def reset(self) -> str:
-        self.turns_used = 0
-        self.finished = self.success = self.done = False
-        return self.task.question
-
-    @property
-    def reward(self) -> float:
-        return 1.0 if self.success else 0.0
-
-    def step(self, action: Action) -> StepResult:
-        """Apply one action. Never raises for any text; raises RuntimeError once the episode is over."""
-        if self.done:
-            raise RuntimeError("the episode is over; call reset() to start again")
-        self.turns_used += 1
-        text = LOOKUP.action_as_text(action).strip() if isinstance(action, str | tuple) else ""
+    def act(self, text: str) -> str:
         if (name := bracketed(text, "search")) is not None:
             person = self.task.find(name)
-            observation = person.entry() if person else f"No entry for {name.strip()!r}. Search takes a full name."
-        elif (expression := bracketed(text, "calc")) is not None:
-            observation = calculate(expression)
-        elif (answer := bracketed(text, "finish")) is not None:
-            self.finished, self.success = True, judge(self.task, answer)
-            observation = FINISH_OBSERVATION
-        else:
-            observation = INVALID_ACTION_OBSERVATION
-        self.done = self.finished or self.turns_used >= self.max_turns
-        return StepResult(observation, self.done)
+            return person.entry() if person else f"No entry for {name.strip()!r}. Search takes a full name."
+        if (expression := bracketed(text, "calc")) is not None:
+            return calculate(expression)
+        if (answer := bracketed(text, "finish")) is not None:
+            return self.finish(judge(self.task, answer))
+        return INVALID_ACTION_OBSERVATION
 
 
 # The expert's texts. A kind is read back from the text alone (`reasoning_kind`), as for the calculator.

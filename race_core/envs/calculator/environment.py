@@ -11,26 +11,31 @@ from __future__ import annotations
 from race_core.envs.base import (
     DEFAULT_EMPTY_REASONING_SHARE,
     EXPERT_SOURCE_REVISION,
+    FINISH_OBSERVATION,
+    BudgetEpisode,
     Environment,
     Episode,
     PolicyFn,
     StepResult,
     bracketed,
 )
-from race_core.envs.calculator.agent import SPECS, SYSTEM_TEXT, SYSTEM_TOOLS, action_as_text
+from race_core.envs.calculator.agent import SPECS, SYSTEM_TEXT, SYSTEM_TOOLS
 from race_core.envs.calculator.evaluator import evaluate
 from race_core.envs.calculator.tasks import SHAPES, CalculatorTask, generate_tasks, judge
-from race_core.schema import Action, Trajectory
+from race_core.schema import Trajectory
+
+__all__ = ["CALCULATOR", "DEFAULT_MAX_TURNS", "ENVIRONMENT_NAME", "ENV_REVISION", "FINISH_OBSERVATION",
+           "INVALID_ACTION_OBSERVATION", "Calculator", "CalculatorEnv", "Episode", "PolicyFn", "StepResult",
+           "run_episode"]
 
 ENVIRONMENT_NAME = "bounded-calculator-v1"
 ENV_REVISION = "1"
 DEFAULT_MAX_TURNS = 8
 
 INVALID_ACTION_OBSERVATION = "Invalid action: expected calc[<expression>] or finish[<number>]."
-FINISH_OBSERVATION = "Episode finished."
 
 
-class CalculatorEnv:
+class CalculatorEnv(BudgetEpisode):
     """One episode on one task. Each `step` uses one turn of the budget, whatever the action.
 
     `calc[<expr>]` observes the value or an error text; `finish[<number>]` ends the episode
@@ -39,43 +44,17 @@ class CalculatorEnv:
     call of calc or finish). When the budget is used up the episode ends unsuccessfully.
     """
 
+    tools = SPECS
+
     def __init__(self, task: CalculatorTask, max_turns: int = DEFAULT_MAX_TURNS):
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be at least 1, got {max_turns}")
-        self.task = task
-        self.max_turns = max_turns
-        self.reset()
+        super().__init__(task, max_turns)
 
-    def reset(self) -> str:
-        """Start (again) and return the question: the only prompt the agent sees."""
-        self.turns_used = 0
-        self.finished = False
-        self.success = False
-        self.done = False
-        return self.task.question
-
-    @property
-    def reward(self) -> float:
-        return 1.0 if self.success else 0.0
-
-    def step(self, action: Action) -> StepResult:
-        """Apply one action. Never raises for any text; raises RuntimeError once the episode is over."""
-        if self.done:
-            raise RuntimeError("the episode is over; call reset() to start again")
-        self.turns_used += 1
-        text = action_as_text(action).strip() if isinstance(action, str | tuple) else ""
-        expression = bracketed(text, "calc")
-        number = bracketed(text, "finish")
-        if expression is not None:
-            observation = evaluate(expression).text
-        elif number is not None:
-            self.finished = True
-            self.success = judge(self.task, number)
-            observation = FINISH_OBSERVATION
-        else:
-            observation = INVALID_ACTION_OBSERVATION
-        self.done = self.finished or self.turns_used >= self.max_turns
-        return StepResult(observation, self.done)
+    def act(self, text: str) -> str:
+        if (expression := bracketed(text, "calc")) is not None:
+            return evaluate(expression).text
+        if (number := bracketed(text, "finish")) is not None:
+            return self.finish(judge(self.task, number))
+        return INVALID_ACTION_OBSERVATION
 
 
 def run_episode(task: CalculatorTask, policy_fn: PolicyFn, max_turns: int = DEFAULT_MAX_TURNS) -> Episode:
