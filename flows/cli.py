@@ -11,8 +11,8 @@ race worker --pool P --device D    a worker of the pool (cover shards, sample ch
 race gc [--delete]                 list (or remove) unreferenced objects and litter older than --grace-hours
 race bench scoring [--json FILE]   scoring benchmark: naive vs full-forward vs ours vs the work bound
 race model smollm2                 build SmolLM2-135M-Instruct offline into a local checkpoint folder
-race bootstrap --checkpoint DIR --out DIR2   train any chat checkpoint to play the calculator in its own format
-race import --format F --input ... --out FILE.jsonl   agent logs (openai, sharegpt, swe-agent, react) -> trajectories
+race bootstrap --checkpoint DIR --out DIR2   train any chat checkpoint to play an environment (--env) in its own format
+race import --format F --input ... --out FILE.jsonl   agent logs (openai, sharegpt, swe-agent, react, responses, langchain; auto) -> trajectories
 race export --format F --input compressed.parquet --out FILE   compressed trajectories for TRL, LLaMA-Factory, verl
 race train-node --store URL --job DIGEST --machine-rank R      join a training stage that spans several hosts
 

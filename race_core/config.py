@@ -3,7 +3,7 @@ field with its default and a line that says what it does).
 
 `PipelineConfig` combines them. It is the one place where a default lives: the Prefect flow takes
 it as its parameter (the UI renders it as a nested form), the `race run` / `race cover` options
-are generated from its fields (`race_core.cli_options`), the demo and the deployments are
+are generated from its fields (`flows.options`), the demo and the deployments are
 instances of it, each stage receives its own part, and a stage's storage key hashes the part it
 ran. This module imports no torch, Prefect or storage, so reading it costs nothing.
 

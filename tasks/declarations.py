@@ -6,9 +6,10 @@ modules that compute its numbers and the libraries that change them), which func
 (`run`, `module:function`, a plain function of `tasks/`: manifests in, manifest out), the objects
 its manifest holds (`outputs`) and whether it needs a device (`gpu`: its task carries the `gpu` tag).
 
-Everything else reads these declarations: `flows.run` (which stages a selection needs),
+What reads these declarations today: `flows.run` (which stages a selection needs),
 `tasks.fingerprints` (the code part of a key), `tasks.pipeline_tasks` (each task's name, retries and
-tags). Where a stage's units of work run (this process, a Prefect pool, Ray) is not part of it: a
+tags). `run` and `outputs` are not yet what the flow calls: each stage still has a hand-written
+Prefect task in `tasks.pipeline_tasks` that calls its function (a test checks that `run` names a function). Where a stage's units of work run (this process, a Prefect pool, Ray) is not part of it: a
 stage whose work splits declares its units in its own module (`tasks.units.UnitJob`) and hands
 them to `tasks.executors`. This module imports nothing of the stages, so reading it costs nothing.
 """
@@ -45,7 +46,7 @@ class Stage:
 
 _RENDER = ("race_core/render.py", "race_core/schema.py", "race_core/policy.py")
 _POLICY_LOOP = ("race_core/rollout.py", "race_core/sampling/*.py", "race_core/vllm_engine.py",
-                "race_core/envs/calculator/*.py")
+                "race_core/envs/*.py", "race_core/envs/calculator/*.py")  # the environments a policy plays
 _MODEL_LIBRARIES = ("torch", "transformers", "tokenizers")
 _TOKENS = ("transformers", "tokenizers")  # token counts
 
@@ -63,7 +64,7 @@ DECLARED: tuple[Stage, ...] = (
           StageKey(("race_core/decisions.py", *_RENDER, "storage/parquet.py", "tasks/stages.py"), _TOKENS),
           "tasks.stages:compress", ("compressed",)),
     Stage("arm", ("ingest", "compress"),
-          StageKey(("race_core/ablation.py", "race_core/envs/expert.py", "race_core/decisions.py", *_RENDER,
+          StageKey(("race_core/ablation.py", "race_core/envs/*.py", "race_core/decisions.py", *_RENDER,
                     "storage/parquet.py", "tasks/stages.py", "tasks/ablation.py"), _TOKENS),
           "tasks.ablation:derived_arm", ("compressed",)),
     Stage("sft", ("compress",),
@@ -84,7 +85,7 @@ DECLARED: tuple[Stage, ...] = (
           "tasks.training_stages:evaluate", ("report",), gpu=True),
     Stage("bootstrap", (),  # a chat checkpoint made a calculator policy (`race ablate --checkpoint`)
           StageKey(("race_core/train/checkpoint_bootstrap.py", "race_core/train/sft.py",
-                    "race_core/train/distributed.py", "race_core/loss.py", "race_core/envs/expert.py", *_POLICY_LOOP,
+                    "race_core/train/distributed.py", "race_core/loss.py", *_POLICY_LOOP,
                     *_RENDER, "tasks/agent_bootstrap.py"), (*_MODEL_LIBRARIES, "peft", "accelerate")),
           "tasks.agent_bootstrap:agent_policy", ("checkpoint",), gpu=True),
 )

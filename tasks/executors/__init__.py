@@ -10,9 +10,11 @@ knowing nothing of what they are:
 - `ray`: Ray actors, one per device, each keeping its model loaded across units
   (`tasks.executors.ray`, the `ray` extra).
 
-Each executor counts a unit's tries itself (`MAX_ATTEMPTS`); when a unit has failed them all it
-raises `UnitsFailed`, which the stage's task does not retry (`tasks.pipeline_tasks.worth_retrying`),
-so tries are counted once. The executors are found by name (`EXECUTORS`), imported only when used.
+The pool and Ray executors count a unit's tries themselves (`MAX_ATTEMPTS`); when a unit has failed
+them all they raise `UnitsFailed`, which the stage's task does not retry
+(`tasks.pipeline_tasks.worth_retrying`), so tries are counted once. The local executor counts none:
+a unit that fails there fails the stage, and the stage's task retries it (its declared retries),
+redoing only the units not committed yet. The executors are found by name (`EXECUTORS`), imported only when used.
 """
 
 from __future__ import annotations
