@@ -64,8 +64,8 @@ def rejected_by_later(row: dict[str, Any]) -> bool:
     """A candidate the cover rejected although its own action's drop was within ε: only a later
     action lost more than ε (the check that defines RACE bound; a local-only cover would accept it)."""
     drops = list(row["drops"])
-    return (not row["accepted"] and row["reason"] == "over_epsilon" and len(drops) > 1
-            and drops[0] <= row["epsilon"])
+    return bool(not row["accepted"] and row["reason"] == "over_epsilon" and len(drops) > 1
+                and drops[0] <= row["epsilon"])  # bool: rows read from Parquet hold numpy scalars
 
 
 @dataclass

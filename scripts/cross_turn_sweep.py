@@ -8,7 +8,8 @@ temperature 1), keeps its successful episodes (RACE's input, as `race ablate` ma
 cover at every ε twice, as RACE and local-only (`race cover --epsilon ... [--local-only]`: stored,
 so a rerun computes nothing), and writes `cross_turn.json` and `cross_turn.md`: per ε, the removal
 share of each, RACE's candidates rejected only by a later action, the share of local-only's
-accepted removals RACE rejected on the same trajectories, and the removals by reasoning kind.
+accepted removals RACE rejected on the same trajectories, the removals by reasoning kind, and the ε
+that `race ablate`'s rule (`tasks.sweep.choose_epsilon`) takes from the sweep.
 """
 
 from __future__ import annotations
@@ -54,8 +55,12 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.run([sys.executable, "-m", "flows.cli", "cover", "--input", str(inputs), "--checkpoint",
                             args.checkpoint, "--store", store, "--out", str(out / arm), "--epsilon",
                             *map(str, args.epsilon), *extra], check=True, stdout=subprocess.DEVNULL)
+    from tasks.sweep import choose_epsilon
+
     rows = [_row(out, epsilon) for epsilon in sorted(args.epsilon)]
+    chosen, why = choose_epsilon([{"epsilon": r["epsilon"], "removal_share": r["removal_share"]["race"]} for r in rows])
     result = {"checkpoint": args.checkpoint, "env": args.env, "inputs": played, "rows": rows,
+              "chosen_epsilon": chosen, "chosen_because": why,
               "wall_s": round(time.perf_counter() - started, 1)}
     (out / "cross_turn.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "cross_turn.md").write_text(_table(result))
@@ -103,6 +108,7 @@ def _table(result: dict) -> str:
         lines.append(f"| {r['epsilon']:g} | {r['candidates']} | {100 * r['removal_share']['race']:.1f}% | "
                      f"{100 * r['removal_share']['local']:.1f}% | {c['rejected_by_later']} "
                      f"({100 * (c['share'] or 0):.1f}%) | {gap} | {kinds(k, 'race')} | {kinds(k, 'local')} |")
+    lines += ["", f"The ε `race ablate` takes from this sweep: {result['chosen_epsilon']:g} ({result['chosen_because']})."]
     return "\n".join(lines) + "\n"
 
 

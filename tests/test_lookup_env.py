@@ -124,3 +124,26 @@ def test_tool_call_actions_round_trip_through_the_environments_tools(tiny_checkp
     assert prompt.environment == "lookup" and "search[<full name>]" in prompt.system
     tools = AgentPrompt(system="s", tools=LOOKUP.tool_schemas(), actions="tools", environment="lookup")
     assert tools.action("search[Karo Velmi]") == (ToolCall("search", {"name": "Karo Velmi"}),)
+
+
+def test_the_cross_turn_figure_of_rows_read_back_from_parquet_is_plain_json(tmp_path):
+    """Decision rows read from a decisions.parquet hold numpy scalars; the figure (written to
+    ablation.json and the sweep's cross_turn.json) must still be counts and shares JSON can write."""
+    import json
+
+    import pandas as pd
+
+    from race_core.decisions import cross_turn_figure
+
+    rows = [  # rejected only by a later action; rejected by its own action; accepted; empty (not a candidate)
+        {"skipped_empty": False, "accepted": False, "reason": "over_epsilon", "drops": [0.01, 0.4], "epsilon": 0.1},
+        {"skipped_empty": False, "accepted": False, "reason": "over_epsilon", "drops": [0.3, 0.0], "epsilon": 0.1},
+        {"skipped_empty": False, "accepted": True, "reason": "within_epsilon", "drops": [0.0, 0.05], "epsilon": 0.1},
+        {"skipped_empty": True, "accepted": False, "reason": "empty", "drops": [], "epsilon": 0.1},
+    ]
+    pd.DataFrame(rows).to_parquet(tmp_path / "decisions.parquet")
+    read = pd.read_parquet(tmp_path / "decisions.parquet").to_dict("records")
+    figure = cross_turn_figure(read)
+    assert figure == cross_turn_figure(rows) == {"candidates": 3, "rejected": 2, "rejected_by_later": 1,
+                                                 "share": 1 / 3, "share_of_rejected": 0.5}
+    assert json.loads(json.dumps(figure)) == figure
