@@ -347,10 +347,11 @@ def cmd_serve(args) -> int:
 
 
 def cmd_gc(args) -> int:
+    from storage.gc import collect_garbage
     from storage.store import DEFAULT_GRACE_HOURS, ArtifactStore
 
     grace = DEFAULT_GRACE_HOURS if args.grace_hours is None else args.grace_hours
-    report = ArtifactStore(args.store).gc(dry_run=not args.delete, grace_hours=grace)
+    report = collect_garbage(ArtifactStore(args.store), dry_run=not args.delete, grace_hours=grace)
     verb = "removed" if args.delete else "would remove (dry run; --delete to remove)"
     offset = report.clock_offset_s
     if offset is None:

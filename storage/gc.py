@@ -36,7 +36,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from storage.store import _DIGEST, QUARANTINE, REFERENCE_ROOTS, TEMP_PREFIX, ArtifactStore
+from storage.store import (
+    _DIGEST,
+    DEFAULT_GRACE_HOURS,
+    QUARANTINE,
+    REFERENCE_ROOTS,
+    TEMP_PREFIX,
+    ArtifactStore,
+)
 
 HOUR_S = 3600.0
 LEASES = "leases"  # tasks.pool.lease_record
@@ -55,9 +62,10 @@ class GCReport:
     clock_offset_s: float | None = None  # the store's clock minus this host's; None: not measured (host clock used)
 
 
-def collect_garbage(store: ArtifactStore, dry_run: bool, grace_hours: float) -> GCReport:
+def collect_garbage(store: ArtifactStore, dry_run: bool = True, grace_hours: float = DEFAULT_GRACE_HOURS) -> GCReport:
     """List (and unless `dry_run` remove) what no record references and what killed writers left,
-    older than `grace_hours`."""
+    older than `grace_hours`: unreferenced objects, abandoned temp files, quarantined objects and
+    multipart uploads."""
     grace_s = grace_hours * HOUR_S
     now, offset = store_clock(store)
     objects = _ages(store, "objects", now)  # listed before the references are read (module doc)

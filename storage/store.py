@@ -58,15 +58,12 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from race_core.schema import canonical_json
-
-if TYPE_CHECKING:
-    from storage.gc import GCReport
 
 CHUNK = 1 << 20
 TREE_FORMAT = "race.tree/v1"
@@ -600,14 +597,6 @@ class ArtifactStore:
             return False
         with self._faults("read", self.object_path(digest)), self.fs.open(self.object_path(digest), "rb") as fh:
             return fh.read(len(_TREE_PREFIX)) == _TREE_PREFIX
-
-    def gc(self, dry_run: bool = True, grace_hours: float = DEFAULT_GRACE_HOURS) -> GCReport:
-        """Unreferenced objects, abandoned temp files, quarantined objects and multipart uploads
-        older than `grace_hours`; removed unless `dry_run` (`storage.gc`)."""
-        from storage.gc import collect_garbage
-
-        return collect_garbage(self, dry_run, grace_hours)
-
 
 def _protocols(fs: Any) -> tuple[str, ...]:
     protocol = getattr(fs, "protocol", ())

@@ -14,6 +14,7 @@ from components import require_s3
 
 import storage.store as store_module
 from storage.checkpoints import UnsafeCheckpointError, put_checkpoint, restore_checkpoint
+from storage.gc import collect_garbage
 from storage.keys import stage_key
 from storage.store import ArtifactStore, CorruptObjectError, MissingObjectError, sha256_bytes
 
@@ -183,13 +184,13 @@ def test_gc_lists_only_unreferenced_objects(store, tmp_path):
     kept = store.put_bytes(b"kept")
     orphan = store.put_bytes(b"orphan")
     store.write_manifest("sft", "k1", {"objects": {"checkpoint": tree, "log": kept}})
-    assert store.gc(dry_run=True).young == [orphan]  # too fresh: it may belong to a running stage
-    assert store.gc(dry_run=False).objects == []
-    assert store.gc(dry_run=True, grace_hours=0).objects == [orphan]
+    assert collect_garbage(store, dry_run=True).young == [orphan]  # too fresh: it may belong to a running stage
+    assert collect_garbage(store, dry_run=False).objects == []
+    assert collect_garbage(store, dry_run=True, grace_hours=0).objects == [orphan]
     assert store.has_object(orphan)  # dry run deletes nothing
-    assert store.gc(dry_run=False, grace_hours=0).objects == [orphan]
+    assert collect_garbage(store, dry_run=False, grace_hours=0).objects == [orphan]
     assert not store.has_object(orphan)
-    assert store.gc(dry_run=True, grace_hours=0).objects == []
+    assert collect_garbage(store, dry_run=True, grace_hours=0).objects == []
     assert _files(store.restore_folder(tree, tmp_path / "again")) == _files(folder)
 
 
@@ -226,9 +227,9 @@ def test_gc_aborts_the_abandoned_multipart_uploads_of_its_own_root_only(s3_serve
     bucket, prefix = store.root.split("/", 1)
     ours = store.fs.call_s3("create_multipart_upload", Bucket=bucket, Key=f"{prefix}/objects/ab/killed-upload")
     theirs = store.fs.call_s3("create_multipart_upload", Bucket=bucket, Key=f"{prefix}-other/objects/ab/upload")
-    report = store.gc(dry_run=False, grace_hours=1)
+    report = collect_garbage(store, dry_run=False, grace_hours=1)
     assert report.uploads == [f"{prefix}/objects/ab/killed-upload (upload {ours['UploadId']})"]
-    assert store.gc(grace_hours=1).uploads == []  # aborted
+    assert collect_garbage(store, grace_hours=1).uploads == []  # aborted
     assert theirs["UploadId"] in {u["UploadId"] for u in store.fs.list_multipart_uploads(bucket)}
 
 
@@ -271,10 +272,10 @@ def test_crash_mid_write_never_shows_a_partial_file_under_its_final_name(tmp_pat
     assert litter and all(p.name.startswith(".tmp-") for p in litter)  # only temp names exist
     assert not os.path.exists(store.object_path(digest))
     assert list(store.iter_objects()) == []  # temp litter is never an object
-    report = store.gc(grace_hours=0)
+    report = collect_garbage(store, grace_hours=0)
     assert report.objects == [] and len(report.temp_files) == len(litter)  # litter is listed, not an object
-    assert store.gc(grace_hours=1).temp_files == []  # ... once it is older than the grace period
-    store.gc(dry_run=False, grace_hours=0)
+    assert collect_garbage(store, grace_hours=1).temp_files == []  # ... once it is older than the grace period
+    collect_garbage(store, dry_run=False, grace_hours=0)
     assert [p for p in (tmp_path / "store").rglob("*") if p.is_file()] == []
     assert not store.has("ingest", "k1") and store.list_manifests("ingest") == []
     assert store.put_bytes(b"x" * 100_000) == digest and store.verify_object(digest)
@@ -335,9 +336,9 @@ def test_gc_takes_pool_leases_only_once_they_stopped_being_renewed(store):
     """A pool child's lease (`tasks.pool`) left by a child and a parent that both died is litter; a
     live one is rewritten every few seconds, so it is always younger than the grace period."""
     store.write_record("leases/run-1.json", {"beat": 3})
-    assert store.gc(dry_run=False).leases == []  # young: maybe alive
+    assert collect_garbage(store, dry_run=False).leases == []  # young: maybe alive
     assert store.read_record("leases/run-1.json") == {"beat": 3}
-    assert store.gc(dry_run=True, grace_hours=0).leases == ["leases/run-1.json"]
+    assert collect_garbage(store, dry_run=True, grace_hours=0).leases == ["leases/run-1.json"]
     assert store.read_record("leases/run-1.json") is not None  # dry run deletes nothing
-    assert store.gc(dry_run=False, grace_hours=0).leases == ["leases/run-1.json"]
+    assert collect_garbage(store, dry_run=False, grace_hours=0).leases == ["leases/run-1.json"]
     assert store.read_record("leases/run-1.json") is None

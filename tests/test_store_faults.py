@@ -16,6 +16,7 @@ import pytest
 
 from flows.cli import main
 from storage.catalog import Catalog, Scope
+from storage.gc import collect_garbage
 from storage.store import ArtifactStore
 from tasks.stages import StageNotRun, run_stage
 
@@ -266,9 +267,9 @@ def test_reusing_an_old_unreferenced_object_protects_it_from_gc(tmp_path):
     store = ArtifactStore(tmp_path / "store")
     digest = store.put_bytes(b"the same decisions as a run killed yesterday")
     _age(store.object_path(digest), 7)
-    assert store.gc().objects == [digest]
+    assert collect_garbage(store).objects == [digest]
     assert store.put_bytes(b"the same decisions as a run killed yesterday") == digest  # a rerun reuses it
-    report = store.gc(dry_run=False)
+    report = collect_garbage(store, dry_run=False)
     assert report.objects == [] and report.young == [digest] and store.has_object(digest)
 
 
