@@ -16,8 +16,7 @@ from race_core.policy import load_tokenizer
 from race_core.train.checkpoint_bootstrap import AgentBootstrapConfig
 from storage import ArtifactStore
 from tasks.base import Log, _quiet, run_stage
-from tasks.policy_ref import PolicyRef
-from tasks.training_stages import _put_policy
+from tasks.policy_ref import PolicyRef, put_policy
 
 
 def plays(checkpoint: str, env: str = DEFAULT_ENV) -> bool:
@@ -39,7 +38,7 @@ def agent_policy(store: ArtifactStore, checkpoint: str, config: AgentBootstrapCo
         model, tokenizer = base.load(store, resources)
         report = bootstrap_agent(model, tokenizer, config, log, options=TrainOptions(
             mixed_precision=resources.mixed_precision, gradient_checkpointing=resources.gradient_checkpointing))
-        return {**_put_policy(store, model, tokenizer),
+        return {**put_policy(store, model, tokenizer),
                 "metrics": {"recipe": report.recipe, "actions": report.agent["actions"], "rounds": report.rounds,
                             "check": report.check, "wall_seconds": report.wall_seconds}}
 

@@ -10,6 +10,7 @@ verified file by file. `PolicyRef.stored` puts a local folder into the store onc
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -73,3 +74,12 @@ class PolicyRef:
         from race_core.policy import load_policy
 
         return load_policy(self.local_path(store), device=resources.device, dtype=resources.dtype)
+
+
+def put_policy(store: ArtifactStore, model, tokenizer) -> dict[str, Any]:
+    """Save a trained policy into the store: the manifest fields `PolicyRef.from_manifest` reads."""
+    from race_core.policy import save_policy
+
+    with tempfile.TemporaryDirectory(prefix="race-policy-") as tmp:
+        folder = save_policy(model, tokenizer, Path(tmp) / "policy")
+        return {"objects": {"checkpoint": put_checkpoint(store, folder)}, "policy_digest": checkpoint_digest(folder)}

@@ -176,9 +176,9 @@ def sft_compute(store: ArtifactStore, data: str, base, config: SFTConfig, resour
                                       options=TrainOptions.of(resources, state))
         if result.extra.get("resumed_from_step"):
             log(f"sft: resumed from step {result.extra['resumed_from_step']}")
-        from tasks.training_stages import _put_policy
+        from tasks.policy_ref import put_policy
 
-        stored = _put_policy(store, result.model, tokenizer)
+        stored = put_policy(store, result.model, tokenizer)
         report, losses, steps, target_tokens = result.extra, result.losses, result.steps, result.target_tokens
         grad_norms = result.grad_norms
     clear_state(state)
@@ -203,9 +203,9 @@ def rl_compute(store: ArtifactStore, policy, rollouts_digest: str, config: RLCon
         rollouts = rollouts_from_json(store.get_bytes(rollouts_digest).decode("utf-8"))
         report = update_from_rollouts(model, tokenizer, rollouts, config, epsilon=epsilon,
                                       options=TrainOptions.of(resources, state))
-        from tasks.training_stages import _put_policy
+        from tasks.policy_ref import put_policy
 
-        stored = _put_policy(store, model, tokenizer)
+        stored = put_policy(store, model, tokenizer)
         summary = {**report.summary(), **report.extra}
     log(f"rl: loss {summary['loss']:.5f}, masked tokens {summary['masked_tokens']}, closure terms "
         f"{summary['closure_terms']}, policy tokens {summary['policy_tokens']}")

@@ -8,27 +8,15 @@ its files are (a checkpoint folder object in the store, or a local folder). Ever
 from __future__ import annotations
 
 import json
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from race_core.config import EvalConfig, Resources, RLConfig, SFTConfig
 from race_core.envs.calculator import ENV_REVISION
-from race_core.policy import checkpoint_digest
-from storage import ArtifactStore, put_checkpoint
+from storage import ArtifactStore
 from tasks.base import Log, _model_config, _quiet, _rl_keyed, run_stage
 from tasks.chunks import SampleJob, merge_chunks, sample_keyed, sample_scope  # noqa: F401 - sample_scope: re-exported
 from tasks.executors import executor_for
 from tasks.policy_ref import PolicyRef, materialize  # noqa: F401 - materialize: re-exported
-
-
-def _put_policy(store: ArtifactStore, model, tokenizer) -> dict[str, Any]:
-    """Save a trained policy into the store: the manifest fields `PolicyRef.from_manifest` reads."""
-    from race_core.policy import save_policy
-
-    with tempfile.TemporaryDirectory(prefix="race-policy-") as tmp:
-        folder = save_policy(model, tokenizer, Path(tmp) / "policy")
-        return {"objects": {"checkpoint": put_checkpoint(store, folder)}, "policy_digest": checkpoint_digest(folder)}
 
 
 def sft(store: ArtifactStore, compressed_digest: str, base: PolicyRef, config: SFTConfig, resources: Resources,
