@@ -47,6 +47,7 @@ class Stage:
 _RENDER = ("race_core/render.py", "race_core/schema.py", "race_core/policy.py")
 _POLICY_LOOP = ("race_core/rollout.py", "race_core/sampling/*.py", "race_core/vllm_engine.py",
                 "race_core/envs/*.py", "race_core/envs/calculator/*.py")  # the environments a policy plays
+_TRAINING = ("race_core/train/distributed.py", "race_core/train/worker.py")  # the harness, the launched entry
 _MODEL_LIBRARIES = ("torch", "transformers", "tokenizers")
 _TOKENS = ("transformers", "tokenizers")  # token counts
 
@@ -68,7 +69,7 @@ DECLARED: tuple[Stage, ...] = (
                     "storage/parquet.py", "tasks/stages.py", "tasks/ablation.py"), _TOKENS),
           "tasks.ablation:derived_arm", ("compressed",)),
     Stage("sft", ("compress",),
-          StageKey(("race_core/train/sft.py", "race_core/train/distributed.py", "race_core/loss.py", *_RENDER,
+          StageKey(("race_core/train/sft.py", *_TRAINING, "race_core/loss.py", *_RENDER,
                     "storage/parquet.py", "tasks/training_stages.py", "tasks/training_runs.py"),
                    (*_MODEL_LIBRARIES, "peft", "accelerate")),  # peft: LoRA; accelerate: gradient sync, autocast
           "tasks.training_stages:sft", ("checkpoint",), gpu=True),
@@ -76,7 +77,7 @@ DECLARED: tuple[Stage, ...] = (
           StageKey((*_POLICY_LOOP, *_RENDER, "tasks/training_stages.py", "tasks/chunks.py"), _MODEL_LIBRARIES),
           "tasks.training_stages:sample", ("rollouts",), gpu=True),
     Stage("rl", ("sample", "sft"),
-          StageKey(("race_core/train/rl.py", "race_core/train/distributed.py", "race_core/loss.py",
+          StageKey(("race_core/train/rl.py", *_TRAINING, "race_core/loss.py",
                     "race_core/cover.py", "race_core/scoring/*.py", "race_core/rollout.py", *_RENDER,
                     "tasks/training_stages.py", "tasks/training_runs.py"), (*_MODEL_LIBRARIES, "accelerate")),
           "tasks.training_stages:rl", ("checkpoint",), gpu=True),
@@ -85,7 +86,7 @@ DECLARED: tuple[Stage, ...] = (
           "tasks.training_stages:evaluate", ("report",), gpu=True),
     Stage("bootstrap", (),  # a chat checkpoint made a calculator policy (`race ablate --checkpoint`)
           StageKey(("race_core/train/checkpoint_bootstrap.py", "race_core/train/sft.py",
-                    "race_core/train/distributed.py", "race_core/loss.py", *_POLICY_LOOP,
+                    *_TRAINING, "race_core/loss.py", *_POLICY_LOOP,
                     *_RENDER, "tasks/agent_bootstrap.py"), (*_MODEL_LIBRARIES, "peft", "accelerate")),
           "tasks.agent_bootstrap:agent_policy", ("checkpoint",), gpu=True),
 )

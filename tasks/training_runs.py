@@ -22,7 +22,8 @@ from typing import Any
 
 from race_core.config import Resources, RLConfig, SFTConfig
 from race_core.policy import checkpoint_digest
-from race_core.train.distributed import LaunchSpec, TrainOptions, clear_state
+from race_core.train.distributed import TrainOptions, clear_state
+from race_core.train.worker import LaunchSpec
 from storage import ArtifactStore, put_checkpoint, stage_key
 from tasks.base import iter_trajectories
 from tasks.fingerprints import stage_code

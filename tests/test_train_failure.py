@@ -16,8 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from race_core.train.distributed import LaunchSpec
 from race_core.train.launch import TAIL_LINES, TorchrunLog, failure_message
+from race_core.train.worker import LaunchSpec
 
 SURVIVOR = r"""
 import pathlib, sys, time
@@ -68,7 +68,7 @@ def _torchrun_failure(tmp_path, survivor: str) -> tuple[str, list[str], dict[int
     logger.addHandler(keep)
     try:
         context = start_processes(
-            name="race_core.train.distributed", entrypoint=sys.executable,
+            name="race_core.train.worker", entrypoint=sys.executable,
             args={0: ("-c", SURVIVOR, str(written), survivor), 1: ("-c", CULPRIT, str(written))}, envs={0: {}, 1: {}},
             logs_specs=DefaultLogsSpecs(log_dir=str(tmp_path / "logs")))
         pids = context.pids()
@@ -81,7 +81,7 @@ def _torchrun_failure(tmp_path, survivor: str) -> tuple[str, list[str], dict[int
     finally:
         logger.removeHandler(keep)
     assert result is not None and result.is_failed()
-    return ChildFailedError("race_core.train.distributed", result.failures).format_msg(), messages, pids
+    return ChildFailedError("race_core.train.worker", result.failures).format_msg(), messages, pids
 
 
 def test_the_rank_a_signal_killed_is_named_though_torchrun_blames_the_survivor_it_stopped(tmp_path):

@@ -1,5 +1,5 @@
 """Launching the training processes as a subprocess of the caller (the Prefect training task, on the
-host that holds the devices), each running `python -m race_core.train.distributed SPEC.json`:
+host that holds the devices), each running `python -m race_core.train.worker SPEC.json`:
 
 - without an accelerate config: torchrun (`torch.distributed.run --standalone`), N processes on this
   host, DDP (gloo on the CPU, NCCL on GPUs: process k uses cuda:k);
@@ -26,7 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from race_core.train.distributed import LATEST, PROGRESS_PREFIX, LaunchSpec
+from race_core.train.distributed import LATEST, PROGRESS_PREFIX
+from race_core.train.worker import LaunchSpec
 
 Log = Callable[[str], None]
 Progress = Callable[[int, int, float], None]
@@ -61,7 +62,7 @@ def launch_command(spec_path: str | Path, processes: int, device: str, accelerat
                    mixed_precision: str = "no", machine_rank: int | None = None) -> list[str]:
     """The command line that starts the training processes of `spec_path` on this host (`machine_rank`:
     which host this is, when the accelerate config spans several; default its `machine_rank`)."""
-    target = ["-m", "race_core.train.distributed", str(spec_path)]
+    target = ["-m", "race_core.train.worker", str(spec_path)]
     if accelerate_config and device != "cpu":
         command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(accelerate_config),
                    "--mixed_precision", mixed_precision]

@@ -21,16 +21,21 @@ from race_core.envs.base import (
 )
 from race_core.envs.calculator.agent import SPECS, SYSTEM_TEXT, SYSTEM_TOOLS
 from race_core.envs.calculator.evaluator import evaluate
-from race_core.envs.calculator.tasks import SHAPES, CalculatorTask, generate_tasks, judge
+from race_core.envs.calculator.tasks import (
+    DEFAULT_MAX_TURNS,
+    ENV_REVISION,
+    ENVIRONMENT_NAME,
+    SHAPES,
+    CalculatorTask,
+    generate_tasks,
+    judge,
+)
 from race_core.schema import Trajectory
 
 __all__ = ["CALCULATOR", "DEFAULT_MAX_TURNS", "ENVIRONMENT_NAME", "ENV_REVISION", "FINISH_OBSERVATION",
            "INVALID_ACTION_OBSERVATION", "Calculator", "CalculatorEnv", "Episode", "PolicyFn", "StepResult",
            "run_episode"]
 
-ENVIRONMENT_NAME = "bounded-calculator-v1"
-ENV_REVISION = "1"
-DEFAULT_MAX_TURNS = 8
 
 INVALID_ACTION_OBSERVATION = "Invalid action: expected calc[<expression>] or finish[<number>]."
 

@@ -15,6 +15,10 @@ from fractions import Fraction
 from race_core.envs.base import HELDOUT_SEED_OFFSET, heldout_seed
 from race_core.envs.calculator.evaluator import BinOp, Neg, Node, Num, fold, format_value, parse_number
 
+ENVIRONMENT_NAME = "bounded-calculator-v1"  # the trajectories' `environment` field
+ENV_REVISION = "1"
+DEFAULT_MAX_TURNS = 8
+
 __all__ = ["HELDOUT_PERCENT", "HELDOUT_SEED_OFFSET", "QUESTION_TEMPLATE", "SHAPES", "CalculatorTask",
            "generate_tasks", "heldout_seed", "judge", "question_for", "task_split"]
 
@@ -37,9 +41,9 @@ class CalculatorTask:
     @property
     def environment(self):
         """The environment this task is played in (`race_core.envs.base.Environment`)."""
-        from race_core.envs.calculator.environment import CALCULATOR
+        from race_core.envs import get_environment
 
-        return CALCULATOR
+        return get_environment("calculator")
 
 
 def question_for(expression: str) -> str:
