@@ -203,29 +203,50 @@ def compare(a: dict[str, Any], b: dict[str, Any], names: tuple[str, str] = ("A",
     return "\n".join(lines).rstrip() + "\n"
 
 
+def machine_label(data: dict[str, Any]) -> str:
+    """The CPU a record ran on: its model and the matrix extensions it listed (records written
+    before the extensions were recorded say so)."""
+    m = data.get("machine", {})
+    extensions = m.get("matrix_extensions")
+    if extensions is None:
+        ext = "matrix extensions not recorded"
+    else:
+        ext = ", ".join(extensions) if extensions else "no matrix extensions"
+    device = f", {m['accelerator']}" if m.get("accelerator") else ""
+    return f"{m.get('processor', '?')} ({ext}{device})"
+
+
 def table(records: list[tuple[str, dict[str, Any]]]) -> str:
     """The README's performance table from records: one row per (run, method), with the work
     counters beside the ratios (to the bound, and to the bound plus the head's time where the record
-    measured it), and under it which machine, commit and load each record comes from."""
-    lines = ["| record | model | N | T | method | wall s | time vs bound | vs bound + head | CPU vs bound "
+    measured it), grouped by the machine each record ran on (`machine_label`: the CPU model and its
+    matrix extensions; M1, M2... in order of first appearance), and under it which machine, commit
+    and load each record comes from."""
+    machines: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for name, data in records:
+        machines.setdefault(machine_label(data), []).append((name, data))
+    lines = ["| record | machine | model | N | T | method | wall s | time vs bound | vs bound + head | CPU vs bound "
              "| tokens vs bound | padded / fed | forwards |",
-             "| --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    notes = []
-    for k, (name, data) in enumerate(records, 1):
-        notes.append(f"[{k}] `{name}`: {where(data)}")
-        for run in data["runs"]:
-            for method in run["methods"]:
-                f = _figures(method)
-                lines.append(f"| [{k}] | {run['model']} | {run['N']} | {run['T']} | {method['name']} | "
-                             f"{_cell(f['wall s'])} | {_ratio(f['time vs bound'])} | "
-                             f"{_ratio(f['time vs bound + head'])} | {_ratio(f['CPU vs bound'])} | "
-                             f"{_ratio(f['tokens vs bound'])} | {_ratio(f['padded / fed'])} | "
-                             f"{_cell(f['forward_calls'])} |")
-            bound = run["bound"]
-            head = bound.get("head_wall_s")
-            with_head = "" if head is None else f"{bound['wall_s'] / (bound['wall_s'] + head):.2f}x"
-            lines.append(f"| [{k}] | {run['model']} | {run['N']} | {run['T']} | work bound | "
-                         f"{bound['wall_s']:,.2f} | 1.00x | {with_head} | 1.00x | 1.00x | | |")
+             "| --- | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    notes, k = [], 0
+    for j, (label, group) in enumerate(machines.items(), 1):
+        notes.append(f"M{j}: {label}")
+        for name, data in group:
+            k += 1
+            notes.append(f"[{k}] `{name}`: {where(data)}")
+            for run in data["runs"]:
+                row = f"| [{k}] | M{j} | {run['model']} | {run['N']} | {run['T']} |"
+                for method in run["methods"]:
+                    f = _figures(method)
+                    lines.append(f"{row} {method['name']} | "
+                                 f"{_cell(f['wall s'])} | {_ratio(f['time vs bound'])} | "
+                                 f"{_ratio(f['time vs bound + head'])} | {_ratio(f['CPU vs bound'])} | "
+                                 f"{_ratio(f['tokens vs bound'])} | {_ratio(f['padded / fed'])} | "
+                                 f"{_cell(f['forward_calls'])} |")
+                bound = run["bound"]
+                head = bound.get("head_wall_s")
+                with_head = "" if head is None else f"{bound['wall_s'] / (bound['wall_s'] + head):.2f}x"
+                lines.append(f"{row} work bound | {bound['wall_s']:,.2f} | 1.00x | {with_head} | 1.00x | 1.00x | | |")
     return "\n".join(lines) + "\n\n" + "\n".join(notes) + "\n"
 
 

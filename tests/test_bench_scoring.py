@@ -305,9 +305,10 @@ def test_a_record_keeps_commit_machine_and_figures_and_compares_and_tables(real_
     with pytest.raises(ValueError, match="needs one line"):
         records.replace_table(readme, table)
     hf = next(m for m in run["methods"] if m["name"] == "hf")
-    assert (f"| [1] | {run['model']} | 6 | {run['T']} | hf | {hf['wall_s']:,.2f} | {hf['time_vs_bound']:.2f}x | "
+    assert (f"| [1] | M1 | {run['model']} | 6 | {run['T']} | hf | {hf['wall_s']:,.2f} | {hf['time_vs_bound']:.2f}x | "
             f"{hf['time_vs_bound_with_head']:.2f}x | ") in table
-    assert f"| [1] | {run['model']} | 6 | {run['T']} | work bound | " in table
+    assert f"| [1] | M1 | {run['model']} | 6 | {run['T']} | work bound | " in table
+    assert f"M1: {records.machine_label(kept)}" in table and kept["machine"]["processor"] in table
     assert f"[1] `{path.name}`: {kept['machine']['processor']}" in table and kept["commit"][:8] in table
 
 
@@ -342,3 +343,21 @@ def test_a_file_that_is_not_a_record_is_named(tmp_path):
         records.read(bad)
     with pytest.raises(FileNotFoundError, match="no such file"):
         records.read(tmp_path / "missing.json")
+
+
+def test_the_table_groups_records_by_cpu_and_its_matrix_extensions():
+    """Records of the repository (all from one AMD EPYC, written before the matrix extensions were
+    recorded) beside one moved to another CPU: each machine gets its own label and its rows stay
+    together, whatever order the records are given in."""
+    from bench import records
+
+    paths = sorted(records.REPO_ROOT.glob("bench/results/*-20m.json"))[:2]
+    epyc = [(p.name, records.read(p)) for p in paths]
+    xeon = {**epyc[0][1], "machine": {**epyc[0][1]["machine"], "processor": "Intel(R) Xeon(R) Processor",
+                                      "cpu_vendor": "GenuineIntel", "matrix_extensions": ["amx_bf16", "avx512_bf16"]}}
+    text = records.table([epyc[0], ("xeon.json", xeon), epyc[1]])
+    assert "M1: AMD EPYC (matrix extensions not recorded)" in text
+    assert "M2: Intel(R) Xeon(R) Processor (amx_bf16, avx512_bf16)" in text
+    machines = [line.split(" | ")[1] for line in text.splitlines() if line.startswith("| [")]
+    assert machines == sorted(machines) and set(machines) == {"M1", "M2"}  # M1's rows, then M2's
+    assert [line.split(" | ")[0] for line in text.splitlines() if " | M2 | " in line] == ["| [3]"] * machines.count("M2")
