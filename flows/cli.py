@@ -176,10 +176,8 @@ class _NoTracebackForOneLineErrors(logging.Filter):
 
 
 def _prefect_defaults() -> None:
-    """Telemetry off and a patient temporary server on slow machines, unless the user set them;
-    failed runs' one-line errors without Prefect's tracebacks."""
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    """Failed runs' one-line errors without Prefect's tracebacks (the settings Prefect reads at import
+    are set in `flows/__init__.py`, before it is imported)."""
     for name in ("prefect.task_runs", "prefect.flow_runs"):
         logger = logging.getLogger(name)
         if not any(isinstance(f, _NoTracebackForOneLineErrors) for f in logger.filters):

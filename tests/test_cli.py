@@ -40,3 +40,22 @@ def test_cover_names_a_missing_input_file(tmp_path, capsys):
     assert main(["cover", "--input", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "o"),
                  "--home", str(tmp_path / "h")]) == 2
     assert "nope.jsonl" in capsys.readouterr().err
+
+
+def test_the_command_lines_prefect_defaults_reach_prefect_unless_the_user_set_them():
+    """Prefect reads its settings when imported (and `flows.cli` imports it): a default set later
+    is silently ignored, and `race demo` on a loaded machine gave up on its temporary server after
+    Prefect's 20 s. A fresh process without the variables, then one with the user's own value."""
+    import os
+    import subprocess
+    import sys
+
+    read = ("import flows.cli\nfrom prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS as T, "
+            "PREFECT_SERVER_ANALYTICS_ENABLED as A\nprint(T.value(), A.value())")
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS",
+                                                            "PREFECT_SERVER_ANALYTICS_ENABLED")}
+    out = subprocess.run([sys.executable, "-c", read], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["180", "False"]
+    env["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "7"
+    out = subprocess.run([sys.executable, "-c", read], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["7", "False"]
