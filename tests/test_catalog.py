@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from storage.catalog import Catalog, Scope
+from storage.gc import collect_garbage
 from storage.store import ArtifactStore, MissingObjectError, sha256_bytes
 
 MODEL = "a" * 64
@@ -80,7 +81,7 @@ def test_a_part_must_be_in_the_store_and_stays_reachable_for_gc(store):
     part = store.put_bytes(b"part")
     orphan = store.put_bytes(b"orphan")
     catalog.append_part(scope, part, ["t1"])
-    assert store.gc(dry_run=True, grace_hours=0).objects == [orphan]
+    assert collect_garbage(store, dry_run=True, grace_hours=0).objects == [orphan]
 
 
 def test_catalog_survives_a_new_process_view(tmp_path):

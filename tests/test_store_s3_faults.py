@@ -25,7 +25,7 @@ from faults import assert_one_line_error
 import storage.gc
 from flows.cli import main
 from storage.catalog import Catalog, Scope
-from storage.gc import HOUR_S
+from storage.gc import HOUR_S, collect_garbage
 from storage.store import S3_MAX_ATTEMPTS, ArtifactStore, StoreIOError
 
 BUCKET = "race-test"
@@ -301,10 +301,10 @@ def test_gc_measures_ages_on_the_stores_clock(proxy, skew_hours):
     store = s3_store(proxy.url)
     uncommitted = store.put_bytes(b"written by a stage that has not committed yet")
     store.write_record("leases/child-run.json", {"beat": 1})
-    report = store.gc(dry_run=False)
+    report = collect_garbage(store, dry_run=False)
     assert report.objects == [] and report.young == [uncommitted] and report.leases == []
     assert store.has_object(uncommitted) and store.read_record("leases/child-run.json") == {"beat": 1}
-    assert store.gc(dry_run=False, grace_hours=0).objects == [uncommitted]  # measured, not guessed: it goes at 0
+    assert collect_garbage(store, dry_run=False, grace_hours=0).objects == [uncommitted]  # measured, not guessed: it goes at 0
     assert report.clock_offset_s == pytest.approx(skew_hours * HOUR_S, abs=5)
 
 
@@ -319,8 +319,8 @@ def test_gc_on_a_host_whose_clock_runs_ahead_keeps_fresh_objects_and_a_lease_dat
     os.utime(f"{store.root}/leases/ahead.json", (future, future))
     real = time.time
     monkeypatch.setattr(storage.gc, "time", SimpleNamespace(time=lambda: real() + 7 * HOUR_S))
-    report = store.gc(dry_run=False)
+    report = collect_garbage(store, dry_run=False)
     assert report.young == [fresh] and report.objects == [] and report.leases == []
-    assert store.gc(dry_run=False, grace_hours=0).leases == []  # dated ahead of the store's now: young
+    assert collect_garbage(store, dry_run=False, grace_hours=0).leases == []  # dated ahead of the store's now: young
     assert store.read_record("leases/ahead.json") == {"beat": 9}
     assert report.clock_offset_s == pytest.approx(-7 * HOUR_S, abs=5)
