@@ -65,13 +65,6 @@ from race_core.envs.calculator.tasks import (
 )
 from race_core.schema import Trajectory, Turn
 
-
-def _calculator():
-    """The calculator `Environment`, through the registry (its module imports this one for its expert)."""
-    from race_core.envs import get_environment
-
-    return get_environment("calculator")
-
 __all__ = ["CURRENT", "DEFAULT_EMPTY_REASONING_SHARE", "EMPTY", "EXPERT_SOURCE_REVISION", "LATER", "REASONING_KINDS",
            "REDUNDANT", "ExpertPolicy", "KindsExpertPolicy", "expert_dataset", "expert_episode", "reasoning_kind"]
 
@@ -296,7 +289,7 @@ def expert_episode(
 ) -> Episode:
     """Play one task with the scripted expert. Turn 0 always has reasoning; every later turn has
     empty reasoning with probability `empty_reasoning_share`."""
-    return _calculator().run_episode(task, ExpertPolicy(rng, empty_reasoning_share), max_turns)
+    return task.environment.run_episode(task, ExpertPolicy(rng, empty_reasoning_share), max_turns)
 
 
 def expert_dataset(
@@ -321,7 +314,7 @@ def expert_dataset(
                 out.append(episode.to_trajectory(environment=ENVIRONMENT_NAME, source_revision=source_revision))
             continue
         policy = KindsExpertPolicy(rng, empty_reasoning_share)
-        episode = _calculator().run_episode(task, policy, DEFAULT_MAX_TURNS)
+        episode = task.environment.run_episode(task, policy, DEFAULT_MAX_TURNS)
         if episode.success:
             trajectory = episode.to_trajectory(environment=ENVIRONMENT_NAME, source_revision=source_revision)
             out.append(replace(trajectory, extra={**trajectory.extra, "reasoning_kinds": policy.kinds}))
