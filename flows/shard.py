@@ -41,11 +41,13 @@ def race_units(store: str, kind: str, spec: dict[str, Any], units: list[dict[str
 
     log = get_run_logger().info
     artifacts = ArtifactStore(store)
-    job = job_from_spec(kind, spec)
     device = os.environ.get(DEVICE_ENV) or spec.get("resources", {}).get("device", "cpu")
     counts = {"committed": 0, "dropped": 0, "skipped": 0, "read_bytes": 0, "load_s": 0.0}
+    # the lease first: rebuilding the job imports the model stack, which on a loaded host can take longer
+    # than the parent's lease_timeout, and a running child without a lease reads as a dead one
     with Lease(artifacts, str(flow_run.id), device) as lease:
         check_within_roots({"store": store}, allowed_roots())
+        job = job_from_spec(kind, spec)
         with concurrency(GPU_LIMIT, occupy=1, strict=False):
             log(f"{job.what}: {job.noun} {[job.index(u) for u in units]} on {device}")
             progress_id = create_progress_artifact(0.0, description=f"{job.what} {job.noun}: starting")

@@ -147,11 +147,12 @@ def _fetched(processes, folder: str) -> list[bool]:
              ".complete").exists() for i in range(2)]
 
 
-def _race_run(env, inputs, checkpoint, store_url: str, log: Path, pool_shards: int) -> subprocess.Popen:
+def _race_run(env, inputs, checkpoint, store_url: str, log: Path, pool_shards: int,
+              lease_timeout: int) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "flows.cli", "run", "--input", *inputs, "--checkpoint", str(checkpoint),
          "--store", store_url, "--stages", "ingest", "validate", "cover", "compress", "--shard-size",
-         str(SHARD_SIZE), "--pool", "race-gpu", "--pool-shards", str(pool_shards), "--lease-timeout", "20"],
+         str(SHARD_SIZE), "--pool", "race-gpu", "--pool-shards", str(pool_shards), "--lease-timeout", str(lease_timeout)],
         env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
 
 
@@ -202,7 +203,9 @@ def _run_with_workers(loopback, baseline, tiny_checkpoint, name: str, pool_shard
     run_log = tmp / f"{name}-run.log"
     workers = _workers(processes)
     started = time.monotonic()
-    run = _race_run(env, inputs, tiny_checkpoint, store.url, run_log, pool_shards)
+    # a run where no worker dies gives its children a lease timeout no loaded CI host reaches (a late beat
+    # there would submit a shard twice); the kill test keeps a short one, so that death is seen quickly
+    run = _race_run(env, inputs, tiny_checkpoint, store.url, run_log, pool_shards, 20 if kill else 240)
     killed = None
     try:
         if kill:  # the first child run to hold a lease: SIGKILL its worker's process group
