@@ -25,7 +25,7 @@ def cover_scorer(config: CoverConfig, checkpoint: str, resources: Resources):
 
     kv = {"kv_budget": resources.kv_budget} if config.backend == "hf" else {}  # vLLM sizes its own cache
     return make_scorer(config.backend, checkpoint, device=resources.device, dtype=resources.dtype,
-                       batch_size=resources.batch_size, **kv)
+                       batch_size=resources.batch_size, **kv, **resources.engine_options(config.backend))
 
 
 def _within(shard: list[Trajectory], renderer, limit: int | None, max_tokens: int, refused: Any, log: Log) -> list[Trajectory]:

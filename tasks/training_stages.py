@@ -97,7 +97,7 @@ def evaluate(store: ArtifactStore, policy: PolicyRef, config: EvalConfig, resour
             model, tokenizer = policy.load(store, resources)
         else:  # another backend over the same checkpoint (vllm)
             sampler = make_sampler(config.sampler, policy.local_path(store), device=resources.device,
-                                   dtype=resources.dtype)
+                                   dtype=resources.dtype, **resources.engine_options(config.sampler))
         try:
             report = evaluate_policy(model, tokenizer, tasks, greedy=True, seed=config.seed, max_turns=config.max_turns,
                                      max_new_tokens=config.max_new_tokens, sampler=sampler)

@@ -88,3 +88,10 @@ def test_prefect_validates_the_ui_form_into_the_config():
     definitions = schema["definitions"]
     assert {"PipelineConfig", "CoverConfig", "SFTConfig", "RLConfig", "EvalConfig", "Resources"} <= set(definitions)
     assert definitions["CoverConfig"]["properties"]["epsilon"]["default"] == PipelineConfig().cover.epsilon
+
+
+def test_vllm_eager_reaches_only_vllm_engines():
+    from race_core.config import Resources
+
+    assert Resources(vllm_eager=True).engine_options("vllm") == {"enforce_eager": True}
+    assert Resources(vllm_eager=True).engine_options("hf") == {} == Resources().engine_options("vllm")

@@ -159,7 +159,7 @@ def test_hf_and_vllm_cpu_make_the_same_decisions_on_imported_logs(logs, hf_run, 
     _, imported = logs
     _, hf = hf_run
     summary, vllm = cover(["--input", *map(str, imported.values()), "--checkpoint", str(smollm2_tools_checkpoint),
-                           "--backend", "vllm"], tmp_path / "vllm", tmp_path / "store", capsys)
+                           "--backend", "vllm", "--vllm-eager"], tmp_path / "vllm", tmp_path / "store", capsys)
     a, b = decided(hf["decisions"]), decided(vllm["decisions"])
     assert set(b["backend"]) == {"vllm"} and len(a) == len(b) > 0
     assert list(a["trajectory_id"]) == list(b["trajectory_id"]) and list(a["turn"]) == list(b["turn"])

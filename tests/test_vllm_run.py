@@ -20,7 +20,7 @@ def race_run(backend, inputs, checkpoint, store, home):
     env.pop("PREFECT_API_URL", None)
     done = subprocess.run([sys.executable, "-m", "flows.cli", "run", "--input", *inputs, "--checkpoint",
                            str(checkpoint), "--store", str(store), "--backend", backend, "--stages", "ingest",
-                           "validate", "cover", "compress"], env=env, capture_output=True, text=True, timeout=900)
+                           "validate", "cover", "compress", *(["--vllm-eager"] if backend == "vllm" else [])], env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     return json.loads(done.stdout[done.stdout.index("{\n"):])
 

@@ -10,8 +10,11 @@ from dataclasses import replace
 import pytest
 from components import require_vllm
 
+from race_core.config import Resources
+
 pytestmark = pytest.mark.vllm
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the default takes far more
+EAGER = Resources(vllm_eager=True)  # no torch.compile: a minute less engine start-up on CPU
 
 
 @pytest.fixture
@@ -28,7 +31,7 @@ def test_the_evaluate_stage_plays_the_same_greedy_episodes_on_vllm_as_on_transfo
 
     policy, config = PolicyRef.local(smoke_policy), EvalConfig(tasks=6, max_turns=3, max_new_tokens=48)
     hf = evaluate(store, policy, config, Resources())
-    on_vllm = evaluate(store, policy, replace(config, sampler="vllm"), Resources())
+    on_vllm = evaluate(store, policy, replace(config, sampler="vllm"), EAGER)
     assert not on_vllm["cached"] and on_vllm["config"]["sampler"] == "vllm" and "sampler" not in hf["config"]
     assert on_vllm["metrics"] == hf["metrics"]  # greedy: the same argmax tokens, so the same episodes
 
@@ -36,7 +39,7 @@ def test_the_evaluate_stage_plays_the_same_greedy_episodes_on_vllm_as_on_transfo
 def test_the_sample_stage_on_vllm_plays_rollouts_with_the_policys_own_log_probs(smoke_policy, store):
     import torch
 
-    from race_core.config import Resources, RLConfig
+    from race_core.config import RLConfig
     from race_core.policy import load_policy
     from race_core.render import Renderer
     from race_core.rollout import rollouts_from_json
@@ -44,7 +47,7 @@ def test_the_sample_stage_on_vllm_plays_rollouts_with_the_policys_own_log_probs(
     from tasks.training_stages import PolicyRef, sample
 
     config = RLConfig(tasks_per_iteration=2, group_size=2, max_turns=3, max_new_tokens=48, sampler="vllm")
-    manifest = sample(store, PolicyRef.local(smoke_policy), config, Resources(), 0)
+    manifest = sample(store, PolicyRef.local(smoke_policy), config, EAGER, 0)
     rollouts = rollouts_from_json(store.get_bytes(manifest["objects"]["rollouts"]).decode())
     assert len(rollouts) == 4 and manifest["metrics"]["rollouts"] == 4
     model, tokenizer = load_policy(smoke_policy)
