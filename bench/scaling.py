@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for executor in args.executors:
         counts = [1] if executor == "local" else args.workers
-        with _environment(executor, out) as start_workers:
+        with _environment(executor, out, checkpoint) as start_workers:
             for n in counts:
                 rows.append(_run(executor, n, out, checkpoint, inputs, shard_size, start_workers))
     result = {"model": args.model, "units": args.units, "shard_size": shard_size, "unit_seconds": args.unit_seconds,
@@ -108,16 +108,12 @@ def _write_inputs(out: Path, checkpoint: Path, workload: Workload, n: int) -> li
 
 
 @contextmanager
-def _environment(executor: str, out: Path):
-    """What an executor needs running: a Prefect server with the pool deployed (pool). Yields a
-    function that starts N workers and returns a stop function."""
+def _environment(executor: str, out: Path, checkpoint: Path):
+    """What an executor needs running: a Prefect server, and `race serve` (which creates the pool and
+    deploys its child flow) (pool). Yields a function that starts N workers and returns a stop function."""
     if executor != "pool":
         yield lambda n: (lambda: None)
         return
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    from deployments import prepare_pool
-
     home, port = out / "prefect", _free_port()
     api = f"http://127.0.0.1:{port}/api"
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": api, "PREFECT_UI_ENABLED": "false",
@@ -125,32 +121,39 @@ def _environment(executor: str, out: Path):
     server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
                                str(port)], env={k: v for k, v in env.items() if k != "PREFECT_API_URL"},
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    serving = None
     try:
         _wait_for(f"{api}/health", 180)
-        with temporary_settings({PREFECT_API_URL: api}):
-            prepare_pool(POOL, log=lambda line: print(line, file=sys.stderr))
+        serve_log = out / "serve.log"
+        with open(serve_log, "w") as log:
+            serving = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve", "--checkpoint", str(checkpoint),
+                                        "--store", str(out / "served"), "--pool", POOL], env=env, stdout=log,
+                                       stderr=subprocess.STDOUT, start_new_session=True)
+        _wait_for_line(serve_log, f"work pool {POOL!r}", serving, 180)
 
-            def start_workers(n: int):
-                workers = []
-                for i in range(n):
-                    folder = out / f"pool-worker{i}"
-                    shutil.rmtree(folder, ignore_errors=True)
-                    folder.mkdir(parents=True)
-                    workers.append(subprocess.Popen(
-                        [sys.executable, "-m", "flows.cli", "worker", "--pool", POOL, "--device", "cpu", "--name",
-                         f"bench-{i}-{time.monotonic_ns()}"], env=env, cwd=folder, stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL, start_new_session=True))
+        def start_workers(n: int):
+            workers = []
+            for i in range(n):
+                folder = out / f"pool-worker{i}"
+                shutil.rmtree(folder, ignore_errors=True)
+                folder.mkdir(parents=True)
+                workers.append(subprocess.Popen(
+                    [sys.executable, "-m", "flows.cli", "worker", "--pool", POOL, "--device", "cpu", "--name",
+                     f"bench-{i}-{time.monotonic_ns()}"], env=env, cwd=folder, stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL, start_new_session=True))
 
-                def stop() -> None:
-                    for worker in workers:
-                        os.killpg(worker.pid, 9)
-                        worker.wait()
-                return stop
+            def stop() -> None:
+                for worker in workers:
+                    os.killpg(worker.pid, 9)
+                    worker.wait()
+            return stop
 
-            yield start_workers
+        yield start_workers
     finally:
-        os.killpg(server.pid, 9)
-        server.wait()
+        for process in (serving, server):
+            if process is not None:
+                os.killpg(process.pid, 9)
+                process.wait()
 
 
 def _run(executor: str, n: int, out: Path, checkpoint: Path, inputs: list[str], shard_size: int,
@@ -233,6 +236,14 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _wait_for_line(log: Path, line: str, process: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while line not in log.read_text():
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"race serve did not deploy the pool ({log}): {log.read_text()[-2000:]}")
+        time.sleep(1)
 
 
 def _wait_for(url: str, timeout: float) -> None:

@@ -327,7 +327,7 @@ def cmd_report(args) -> int:
 
 def cmd_serve(args) -> int:
     _prefect_defaults()
-    from deployments import serve_deployments
+    from flows.serve import serve_deployments
 
     if not os.environ.get("PREFECT_API_URL"):
         print("race serve: PREFECT_API_URL is not set; start a server (`prefect server start`) and export "

@@ -456,7 +456,7 @@ def test_a_parent_follows_child_runs_past_the_servers_page(parent_side, tmp_path
     import contextvars
     import threading
 
-    from deployments import prepare_pool
+    from flows.serve import prepare_pool
     from tasks.executors.pool import PoolExecutor, page_size
 
     prepare_pool("race-paging", log=print)
@@ -487,7 +487,7 @@ def test_child_runs_no_worker_takes_fail_the_run_saying_so(parent_side, tmp_path
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
 
-    from deployments import prepare_pool
+    from flows.serve import prepare_pool
     from tasks.executors import UnitsFailed
     from tasks.executors.pool import PoolExecutor
 
