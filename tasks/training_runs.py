@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from race_core.config import Resources, RLConfig, SFTConfig
+from race_core.config import DEFAULT_EPSILON, Resources, RLConfig, SFTConfig
 from race_core.policy import checkpoint_digest
 from race_core.train.distributed import TrainOptions, clear_state
 from race_core.train.worker import LaunchSpec
@@ -75,7 +75,7 @@ class TrainJob:
     config: dict[str, Any]
     resources: dict[str, Any]
     state: str
-    epsilon: float = 0.0
+    epsilon: float = DEFAULT_EPSILON  # rl: the cover's tolerance (the run's cover.epsilon); sft reads none
 
     @classmethod
     def read(cls, store: ArtifactStore, digest: str) -> TrainJob:
