@@ -18,16 +18,16 @@ from storage import ArtifactStore, Catalog, read_dataset_from_store
 from tasks import stages
 
 
-def _env(tmp_path: Path) -> dict[str, str]:
+def _env(tmp_path: Path, api: str) -> dict[str, str]:
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "RACE_CHECKPOINT_CACHE": str(tmp_path / "c"),
-           "HF_HUB_OFFLINE": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    env.pop("PREFECT_API_URL", None)  # each process starts its own temporary server
+           "HF_HUB_OFFLINE": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_API_URL": api}  # the session's server, which outlives the killed run as a user's would
     env.pop("RACE_ALLOWED_ROOTS", None)
     return env
 
 
 def _popen(args: list[str], env: dict[str, str]) -> subprocess.Popen:
-    """A child in its own process group, so one killpg takes its Prefect server down with it."""
+    """A child in its own process group, so one killpg takes all it started down with it."""
     return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
 
@@ -57,8 +57,8 @@ def _summary(stdout: str) -> dict:
     return json.loads(stdout[stdout.index("{\n"):])
 
 
-def test_killed_during_scoring_reruns_to_the_clean_result(tiny_checkpoint, demo_inputs, tmp_path):
-    env = _env(tmp_path)
+def test_killed_during_scoring_reruns_to_the_clean_result(tiny_checkpoint, demo_inputs, tmp_path, prefect_api):
+    env = _env(tmp_path, prefect_api)
     common = ["--input", *demo_inputs, "--checkpoint", str(tiny_checkpoint),
               "--stages", "ingest", "validate", "cover", "compress", "--shard-size", "4"]
     race = [sys.executable, "-m", "flows.cli", "run", *common]
@@ -106,8 +106,9 @@ def _catalog(store: Path, scope) -> list[dict]:
     return Catalog(ArtifactStore(str(store))).parts(scope)
 
 
-def test_nightly_killed_between_compress_and_append_reruns_to_the_clean_catalog(tiny_checkpoint, tmp_path):
-    env = _env(tmp_path)
+def test_nightly_killed_between_compress_and_append_reruns_to_the_clean_catalog(tiny_checkpoint, tmp_path,
+                                                                               prefect_api):
+    env = _env(tmp_path, prefect_api)
     inbox = tmp_path / "inbox"
     inbox.mkdir()
     trajectories = expert_dataset(6, seed=21)

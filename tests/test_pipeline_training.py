@@ -66,9 +66,9 @@ def _race_run(args, env, **kwargs):
                             stderr=subprocess.STDOUT, text=True, start_new_session=True, **kwargs)
 
 
-def test_killed_during_sft_resumes_without_recomputing_the_cover(tiny_checkpoint, demo_inputs, tmp_path):
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "RACE_CHECKPOINT_CACHE": str(tmp_path / "c")}
-    env.pop("PREFECT_API_URL", None)
+def test_killed_during_sft_resumes_without_recomputing_the_cover(tiny_checkpoint, demo_inputs, tmp_path, prefect_api):
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "RACE_CHECKPOINT_CACHE": str(tmp_path / "c"),
+           "PREFECT_API_URL": prefect_api}  # the session's server (a temporary one per process: 12-15 s each)
     stages = ["ingest", "validate", "cover", "compress", "sft"]
     common = ["--input", *demo_inputs, "--checkpoint", str(tiny_checkpoint), "--stages", *stages,
               "--sft-steps", "400", "--sft-lr", "1e-3"]

@@ -14,10 +14,9 @@ from storage import ArtifactStore, read_dataset_from_store
 pytestmark = pytest.mark.vllm
 
 
-def race_run(backend, inputs, checkpoint, store, home):
+def race_run(backend, inputs, checkpoint, store, home, api):
     env = {**os.environ, "PREFECT_HOME": str(home), "VLLM_CPU_KVCACHE_SPACE": os.environ.get(
-        "VLLM_CPU_KVCACHE_SPACE", "1")}
-    env.pop("PREFECT_API_URL", None)
+        "VLLM_CPU_KVCACHE_SPACE", "1"), "PREFECT_API_URL": api}
     done = subprocess.run([sys.executable, "-m", "flows.cli", "run", "--input", *inputs, "--checkpoint",
                            str(checkpoint), "--store", str(store), "--backend", backend, "--stages", "ingest",
                            "validate", "cover", "compress", *(["--vllm-eager"] if backend == "vllm" else [])], env=env, capture_output=True, text=True, timeout=900)
@@ -25,13 +24,13 @@ def race_run(backend, inputs, checkpoint, store, home):
     return json.loads(done.stdout[done.stdout.index("{\n"):])
 
 
-def test_vllm_and_hf_runs_make_the_same_decisions(tiny_checkpoint, tmp_path):
+def test_vllm_and_hf_runs_make_the_same_decisions(tiny_checkpoint, tmp_path, prefect_api):
     from tasks.local import demo_inputs
 
     require_vllm()  # promised: fails under CI=true where it is missing
     inputs = demo_inputs(tmp_path / "home")  # the demo-sized calculator dataset of `race cover`
-    hf = race_run("hf", inputs, tiny_checkpoint, tmp_path / "store", tmp_path / "prefect")
-    vllm = race_run("vllm", inputs, tiny_checkpoint, tmp_path / "store", tmp_path / "prefect")
+    hf = race_run("hf", inputs, tiny_checkpoint, tmp_path / "store", tmp_path / "prefect", prefect_api)
+    vllm = race_run("vllm", inputs, tiny_checkpoint, tmp_path / "store", tmp_path / "prefect", prefect_api)
     store = ArtifactStore(str(tmp_path / "store"))
     a = read_dataset_from_store(store, hf["objects"]["decisions"], "decisions")
     b = read_dataset_from_store(store, vllm["objects"]["decisions"], "decisions")
