@@ -114,6 +114,8 @@ def _environment(executor: str, out: Path, checkpoint: Path):
     if executor != "pool":
         yield lambda n: (lambda: None)
         return
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
     home, port = out / "prefect", _free_port()
     api = f"http://127.0.0.1:{port}/api"
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": api, "PREFECT_UI_ENABLED": "false",
@@ -148,7 +150,8 @@ def _environment(executor: str, out: Path, checkpoint: Path):
                     worker.wait()
             return stop
 
-        yield start_workers
+        with temporary_settings({PREFECT_API_URL: api}):  # this process's stages submit to that server
+            yield start_workers
     finally:
         for process in (serving, server):
             if process is not None:
