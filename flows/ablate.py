@@ -24,12 +24,11 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.demo import DEMO_INPUT_TASKS, bootstrap_task, demo_inputs_task
 from race_core.ablation import ARMS, COVER_ARMS, DERIVED_ARMS, rl_phases
-from race_core.config import CoverConfig, EvalConfig, PipelineConfig, Resources, RLConfig, SFTConfig, replace
+from race_core.config import CoverConfig, EvalConfig, PipelineConfig, RLConfig, SFTConfig, replace
 from race_core.cpu import fast_bf16
 from race_core.train.checkpoint_bootstrap import AgentBootstrapConfig
 from storage import ArtifactStore
-from tasks import pipeline_tasks as t
-from tasks.pipeline_tasks import RETRY, stage_options
+from tasks.pipeline_tasks import RETRY, stage_task
 from tasks.training_stages import PolicyRef
 
 ABLATE_INPUT_TASKS = DEMO_INPUT_TASKS  # training tasks (config.rl's shape) the policy plays (2 episodes each): the demo's
@@ -133,21 +132,6 @@ def _metrics(evaluated: dict[str, Any], policy: PolicyRef | dict[str, Any]) -> d
             "turns_per_episode": m["turns_per_episode"], "policy_digest": PolicyRef.of(policy).digest}
 
 
-@task(**stage_options("bootstrap"))
-def bootstrap_agent_task(store_url: str, checkpoint: str, config: AgentBootstrapConfig, resources: Resources
-                         ) -> dict[str, Any]:
-    """A chat checkpoint made a calculator policy (`tasks.agent_bootstrap`: the `bootstrap` stage)."""
-    from storage import ArtifactStore
-    from tasks.agent_bootstrap import agent_policy
-
-    logger = get_run_logger()
-    manifest = agent_policy(ArtifactStore(store_url), checkpoint, config, resources, log=logger.info)
-    check = manifest["metrics"]["check"]
-    logger.info("bootstrap (%s): %d of %d fresh on-policy episodes succeeded%s", config.recipe, check["succeeded"],
-                check["episodes"], " (cached)" if manifest["cached"] else "")
-    return manifest
-
-
 @task(name="epsilon-sweep", **RETRY, tags=["gpu"], cache_policy=NO_CACHE)
 def sweep_task(config: PipelineConfig, epsilons: tuple[float, ...], out: str, home: str) -> dict[str, Any]:
     """The cover at every ε on the inputs (`tasks.sweep`: scores shared, each ε's cover stored under its
@@ -182,7 +166,10 @@ def race_ablate(home: str = ".race", out: str = "runs/ablate", seeds: tuple[int,
     manifests: list[dict[str, Any]] = []
     booted = None
     if config.checkpoint and bootstrap is not None:
-        booted = bootstrap_agent_task(store, config.checkpoint, bootstrap, resources)
+        booted = stage_task("bootstrap")(store, checkpoint=config.checkpoint, config=bootstrap, resources=resources)
+        check = booted["metrics"]["check"]
+        get_run_logger().info("bootstrap (%s): %d of %d fresh on-policy episodes succeeded%s", bootstrap.recipe,
+                              check["succeeded"], check["episodes"], " (cached)" if booted["cached"] else "")
         manifests.append(booted)
         base = PolicyRef.of(booted)
     else:
@@ -198,27 +185,32 @@ def race_ablate(home: str = ".race", out: str = "runs/ablate", seeds: tuple[int,
         chosen = sweep_task(replace(config, inputs=tuple(paths), checkpoint=checkpoint, store=store), tuple(epsilons),
                             str(Path(out) / "epsilon-sweep"), home)
     eps = chosen["epsilon"]
-    ingested = t.ingest_task(store, paths, config.ingest)
+    ingested = stage_task("ingest")(store, inputs=paths, config=config.ingest)
     manifests.append(ingested)
-    t.validate_task(ingested, config.ingest)
+    stage_task("validate")(store, ingested=ingested, config=config.ingest)
     compressed: dict[str, dict[str, Any]] = {}
     for arm, local_only in COVER_ARMS.items():
         if arm == "race" or arm in arms:  # the other arms are made from the race arm's counts
-            decided = t.cover_task(store, ingested, base, replace(config.cover, epsilon=eps, local_only=local_only),
-                                   resources)
-            compressed[arm] = t.compress_task(store, ingested, decided, base, eps)
+            cover = replace(config.cover, epsilon=eps, local_only=local_only)
+            decided = stage_task("cover")(store, trajectories=ingested, policy=base, config=cover, resources=resources)
+            compressed[arm] = stage_task("compress")(store, trajectories=ingested, decided=decided, policy=base,
+                                                     config=cover)
             manifests += [decided, compressed[arm]]
     for arm in (a for a in DERIVED_ARMS if a in arms):
-        compressed[arm] = t.derived_arm_task(store, ingested, compressed["race"], arm, base, eps)
+        compressed[arm] = stage_task("arm")(store, trajectories=ingested, race=compressed["race"], arm=arm, policy=base,
+                                            config=replace(config.cover, epsilon=eps))
         manifests.append(compressed[arm])
-    before = t.evaluate_task(store, base, config.evaluate, resources, "before")
+    evaluate = stage_task("evaluate")
+    before = evaluate(store, policy=base, label="before", config=config.evaluate, resources=resources)
     manifests.append(before)
     results: list[dict[str, Any]] = []
     race_policies: dict[int, dict[str, Any]] = {}
     for arm in (a for a in ARMS if a in arms):
         for seed in seeds:
-            policy = t.sft_task(store, compressed[arm], base, replace(config.sft, seed=seed), resources)
-            evaluated = t.evaluate_task(store, policy, config.evaluate, resources, f"{arm} seed {seed}")
+            policy = stage_task("sft")(store, compressed=compressed[arm], base=base, config=replace(config.sft, seed=seed),
+                                       resources=resources)
+            evaluated = evaluate(store, policy=policy, label=f"{arm} seed {seed}", config=config.evaluate,
+                                 resources=resources)
             manifests += [policy, evaluated]
             results.append({"arm": arm, "seed": seed, **_metrics(evaluated, policy)})
             if arm == "race":
@@ -232,14 +224,15 @@ def race_ablate(home: str = ".race", out: str = "runs/ablate", seeds: tuple[int,
                 policy: Any = race_policies[entry["seed"]]
                 curve = []  # greedy held-out figures every `every` iterations (and after the last)
                 for i in range(rl.iterations):
-                    sampled = t.sample_task(store, policy, rl, resources, i)
-                    policy = t.rl_task(store, policy, sampled, rl, eps, resources, i)
+                    sampled = stage_task("sample")(store, policy=policy, iteration=i, config=rl, resources=resources)
+                    policy = stage_task("rl")(store, policy=policy, sampled=sampled, iteration=i, config=rl,
+                                              cover=replace(config.cover, epsilon=eps), resources=resources)
                     manifests += [sampled, policy]
                     diagnostics.setdefault(f"{phase} seed {entry['seed']}", []).append(
                         {"iteration": i + 1, "rollouts_object": sampled["objects"]["rollouts"], **policy["metrics"]})
                     if (i + 1) % every == 0 or i + 1 == rl.iterations:
-                        evaluated = t.evaluate_task(store, policy, config.evaluate, resources,
-                                                    f"race+{phase} seed {entry['seed']} iteration {i + 1}")
+                        evaluated = evaluate(store, policy=policy, config=config.evaluate, resources=resources,
+                                             label=f"race+{phase} seed {entry['seed']} iteration {i + 1}")
                         manifests.append(evaluated)
                         curve.append({"iteration": i + 1, **_metrics(evaluated, policy)})
                 entry[phase] = {**curve[-1], "curve": curve, "moved_after": _moved_after(entry, curve)}

@@ -15,7 +15,7 @@ from prefect import flow, get_run_logger
 
 from flows.roots import allowed_roots, check_within_roots
 from race_core.config import NightlyConfig
-from tasks import pipeline_tasks as t
+from tasks.pipeline_tasks import record_part_task, select_new_task, stage_task
 from tasks.stages import expand_inputs
 from tasks.training_stages import PolicyRef
 
@@ -32,7 +32,8 @@ def race_nightly(config: NightlyConfig) -> dict[str, Any]:
         get_run_logger().info("nothing new: %s matches no file", cfg.inbox)
         return summary
     base = PolicyRef.local(cfg.checkpoint)
-    ingested = {f: t.ingest_task(store, [f], cfg.ingest) for f in files}  # one per file: unchanged files are cached
+    ingest = stage_task("ingest")
+    ingested = {f: ingest(store, inputs=[f], config=cfg.ingest) for f in files}  # one per file: unchanged files are cached
     summary["rejects"] = {f: m["objects"]["rejects"] for f, m in ingested.items() if m["metrics"]["rejected"]}
     summary["rejected"] = sum(m["metrics"]["rejected"] for m in ingested.values())
     if summary["rejected"]:
@@ -41,18 +42,18 @@ def race_nightly(config: NightlyConfig) -> dict[str, Any]:
         if cfg.ingest.strict:
             raise ValueError(f"{summary['rejected']} input line(s) rejected and strict is set; rejects objects: "
                              f"{summary['rejects']}")
-    selected = t.select_new_task(store, [m["objects"]["trajectories"] for m in ingested.values()], base.digest,
-                                 cfg.cover, cfg.resources)
+    selected = select_new_task(store, [m["objects"]["trajectories"] for m in ingested.values()], base.digest,
+                               cfg.cover, cfg.resources)
     summary.update(new=selected["metrics"]["new"], already_compressed=selected["metrics"]["already_compressed"])
     if selected["metrics"]["new"] == 0:
         get_run_logger().info("nothing new: all %d trajectories in %s are already compressed for model %s at "
                               "epsilon %g", selected["metrics"]["seen"], cfg.inbox, base.digest[:12],
                               cfg.cover.epsilon)
         return summary
-    decided = t.cover_task(store, selected, base, cfg.cover, cfg.resources)
-    compressed = t.compress_task(store, selected, decided, base, cfg.cover.epsilon)
-    t.record_part_task(store, compressed["objects"]["compressed"], selected["ids"], base.digest, cfg.cover,
-                       cfg.resources)
+    decided = stage_task("cover")(store, trajectories=selected, policy=base, config=cfg.cover, resources=cfg.resources)
+    compressed = stage_task("compress")(store, trajectories=selected, decided=decided, policy=base, config=cfg.cover)
+    record_part_task(store, compressed["objects"]["compressed"], selected["ids"], base.digest, cfg.cover,
+                     cfg.resources)
     summary.update(part=compressed["objects"]["compressed"], decisions=decided["objects"]["decisions"],
                    scored_trajectories=decided["metrics"]["trajectories"], removed=compressed["metrics"]["removed"])
     get_run_logger().info("nightly: %d new trajectories compressed into part %s", summary["new"],

@@ -18,7 +18,7 @@ from prefect import flow
 from flows.roots import allowed_roots, check_within_roots
 from flows.run import PipelineRun
 from race_core.config import PipelineConfig
-from tasks import pipeline_tasks as t
+from tasks.pipeline_tasks import report_task
 from tasks.training_stages import PolicyRef
 
 
@@ -31,28 +31,25 @@ def run_pipeline(config: PipelineConfig, run_info: dict[str, Any] | None = None,
                         "report_dir": cfg.report_dir}, allowed_roots())
     base = PolicyRef.local(cfg.checkpoint)
     run = PipelineRun(cfg, earlier)
-    ingested = run.stage("ingest", t.ingest_task, store, list(cfg.inputs), cfg.ingest)
-    run.stage("validate", t.validate_task, ingested, cfg.ingest)
-    decided = run.stage("cover", t.cover_task, store, ingested, base, cfg.cover, cfg.resources)
-    compressed = run.stage("compress", t.compress_task, store, ingested, decided, base, cfg.cover.epsilon)
-    policy = tuned = run.stage("sft", t.sft_task, store, compressed, base, cfg.sft, cfg.resources)
+    ingested = run.stage("ingest", inputs=list(cfg.inputs))
+    run.stage("validate", ingested=ingested)
+    decided = run.stage("cover", trajectories=ingested, policy=base)
+    compressed = run.stage("compress", trajectories=ingested, decided=decided, policy=base)
+    policy = tuned = run.stage("sft", compressed=compressed, base=base)
     baseline = None
     if cfg.baseline and "sft" in run.selected:  # the no-removal arm: same SFT on the uncompressed trajectories
-        run.manifests["arm_none"] = none = t.derived_arm_task(store, ingested, compressed, "none", base,
-                                                              cfg.cover.epsilon)
-        baseline = run.stage("sft", t.sft_task, store, none, base, cfg.sft, cfg.resources, label="sft_none")
+        none = run.stage("arm", record_as="arm_none", trajectories=ingested, race=compressed, arm="none", policy=base)
+        baseline = run.stage("sft", record_as="sft_none", compressed=none, base=base)
     for i in range(cfg.rl.iterations):
-        sampled = run.stage("sample", t.sample_task, store, policy, cfg.rl, cfg.resources, i, label=f"sample_{i}")
-        policy = run.stage("rl", t.rl_task, store, policy, sampled, cfg.rl, cfg.cover.epsilon, cfg.resources, i,
-                           label=f"rl_{i}")
+        sampled = run.stage("sample", record_as=f"sample_{i}", policy=policy, iteration=i)
+        policy = run.stage("rl", record_as=f"rl_{i}", policy=policy, sampled=sampled, iteration=i)
     for label, evaluated in (("before", base), ("after_sft_none", baseline), ("after_sft", tuned),
                              ("after_rl", policy)):
         if evaluated is not None and (label != "after_rl" or evaluated is not tuned):
-            run.stage("evaluate", t.evaluate_task, store, evaluated, cfg.evaluate, cfg.resources, label,
-                      label=f"evaluate_{label}")
+            run.stage("evaluate", record_as=f"evaluate_{label}", policy=evaluated, label=label)
     summary = run.summary({**(run_info or {}), "model_digest": base.digest})
     if cfg.report_dir:
-        t.report_task(store, summary, cfg.report_dir, cfg.cover.epsilon)
+        report_task(store, summary, cfg.report_dir, cfg.cover)
     return summary
 
 

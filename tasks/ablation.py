@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from race_core.ablation import ARMS, derived_removal, phases_of, removed_by_kind
+from race_core.config import CoverConfig
 from race_core.decisions import cross_turn_text
 from storage import ArtifactStore
 from storage.parquet import iter_rows_from_store
+from tasks.policy_ref import PolicyRef
 from tasks.report import rl_table
 from tasks.report_html import write_page
 from tasks.stages import Log, _quiet, iter_trajectories, run_stage, write_compressed
@@ -49,9 +51,19 @@ def derived_arm(store: ArtifactStore, trajectories_digest: str, race_compressed:
             f"-> {m['reasoning_tokens_after']}")
         return manifest
 
-    return run_stage(store, "arm", 2, {"arm": arm, "seed": seed, "epsilon": epsilon},
+    return run_stage(store, "arm", {"arm": arm, "seed": seed, "epsilon": epsilon},
                      {"trajectories": trajectories_digest, "race": race_compressed}, model_digest, compute,
                      only_cached, force, log)
+
+
+def arm_stage(store: ArtifactStore, *, trajectories: dict[str, Any], race: dict[str, Any], arm: str,
+              policy: PolicyRef | dict[str, Any], config: CoverConfig, log: Log = _quiet, only_cached: bool = False,
+              force: bool = False) -> dict[str, Any]:
+    """The arm stage's entry (`tasks.declarations`): the `arm` version of a race compress manifest."""
+    policy = PolicyRef.of(policy)
+    return derived_arm(store, trajectories["objects"]["trajectories"], race["objects"]["compressed"], arm,
+                       policy.local_path(store), policy.digest, config.epsilon, log=log, only_cached=only_cached,
+                       force=force)
 
 
 def kind_shares(store: ArtifactStore, trajectories_digest: str, compressed: dict[str, str]) -> dict[str, Any]:

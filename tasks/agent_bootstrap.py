@@ -26,7 +26,7 @@ def plays(checkpoint: str, env: str = DEFAULT_ENV) -> bool:
 
 
 def agent_policy(store: ArtifactStore, checkpoint: str, config: AgentBootstrapConfig, resources: Resources,
-                 log: Log = _quiet, force: bool = False) -> dict[str, Any]:
+                 log: Log = _quiet, only_cached: bool = False, force: bool = False) -> dict[str, Any]:
     """The `config.env` policy made from `checkpoint` by `config.recipe` (a stage manifest: `PolicyRef.of`
     reads it); its metrics are the recipe's report (what it trained on, the fresh on-policy check)."""
     base = PolicyRef.local(checkpoint)
@@ -42,5 +42,11 @@ def agent_policy(store: ArtifactStore, checkpoint: str, config: AgentBootstrapCo
                 "metrics": {"recipe": report.recipe, "actions": report.agent["actions"], "rounds": report.rounds,
                             "check": report.check, "wall_seconds": report.wall_seconds}}
 
-    return run_stage(store, "bootstrap", 1, {**config.key_fields(), "dtype": resources.dtype, **resources.training_keyed()}, {}, base.digest, compute,
-                     force=force, log=log)
+    return run_stage(store, "bootstrap", {**config.key_fields(), "dtype": resources.dtype, **resources.training_keyed()}, {}, base.digest, compute,
+                     only_cached=only_cached, force=force, log=log)
+
+
+def bootstrap_stage(store: ArtifactStore, *, checkpoint: str, config: AgentBootstrapConfig, resources: Resources,
+                    log: Log = _quiet, only_cached: bool = False, force: bool = False) -> dict[str, Any]:
+    """The bootstrap stage's entry (`tasks.declarations`): `agent_policy`."""
+    return agent_policy(store, checkpoint, config, resources, log=log, only_cached=only_cached, force=force)

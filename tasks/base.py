@@ -14,6 +14,7 @@ from race_core.config import Resources, RLConfig, key_fields
 from race_core.schema import Trajectory
 from storage import ArtifactStore, stage_key
 from storage.parquet import DatasetWriter, iter_rows_from_store, row_to_trajectory
+from tasks.declarations import declared
 from tasks.fingerprints import stage_code
 
 TRAJECTORY_ROW_GROUP = 64  # rows per Parquet row group of a trajectories dataset: a shard reads only its own
@@ -36,7 +37,7 @@ class StageNotRun(LookupError):
                          f"add {stage!r} to the stages to run")
 
 
-def run_stage(store: ArtifactStore, stage: str, version: int, config: dict[str, Any],
+def run_stage(store: ArtifactStore, stage: str, config: dict[str, Any],
               inputs: dict[str, str], model_digest: str | None,
               compute: Callable[[], dict[str, Any]], only_cached: bool = False, force: bool = False,
               log: Log = _quiet) -> dict[str, Any]:
@@ -46,9 +47,9 @@ def run_stage(store: ArtifactStore, stage: str, version: int, config: dict[str, 
     (`ArtifactStore.manifest_damage`; reads verify digests and quarantine a corrupt object, so it
     counts as missing here on the next run); a damaged one is recomputed, and so is any with `force`.
     A returned manifest carries `cached` and `wall_s` (this call's time; a computed manifest
-    stores its compute time as `wall_s` too)."""
+    stores its compute time as `wall_s` too). The key carries the version of the stage's declaration."""
     started = time.perf_counter()
-    key = stage_key(stage, version, config, inputs, model_digest, stage_code(stage, config))
+    key = stage_key(stage, declared(stage).version, config, inputs, model_digest, stage_code(stage, config))
     existing = None if force else store.read_manifest(stage, key)
     damage = store.manifest_damage(existing) if existing is not None else None
     if existing is not None and damage is None:

@@ -24,6 +24,7 @@ from race_core.sampling import make_sampler
 from storage import ArtifactStore, stage_key
 from tasks import units
 from tasks.base import _rl_keyed
+from tasks.declarations import declared
 from tasks.fingerprints import stage_code
 from tasks.policy_ref import PolicyRef
 from tasks.units import Log, Unit, UnitJob, UnitWorker
@@ -41,7 +42,7 @@ def sample_keyed(policy: PolicyRef, config: RLConfig, resources: Resources, iter
 def sample_scope(policy: PolicyRef, config: RLConfig, resources: Resources, iteration: int) -> str:
     """The sample stage's key: the scope of its chunks' manifests (`tasks.chunks`)."""
     keyed, inputs = sample_keyed(policy, config, resources, iteration)
-    return stage_key("sample", 1, keyed, inputs, policy.digest, stage_code("sample", keyed))
+    return stage_key("sample", declared("sample").version, keyed, inputs, policy.digest, stage_code("sample", keyed))
 
 
 def chunk_record(scope: str, chunk: int) -> str:

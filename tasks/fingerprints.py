@@ -2,9 +2,9 @@
 
 The `code` part of a stage key (docs/architecture.md §7, `storage.keys.stage_key`) is
 - `source`: sha256 over (path, content) of the modules that compute the stage's numbers
-  (`STAGE_SOURCES`, from each stage's declaration in `tasks.declarations`; globs are relative to
+  (the `key.sources` of the stage's declaration in `tasks.declarations`; globs are relative to
   the project root), so editing one of them reruns that stage and no other;
-- `libraries`: the installed versions of the libraries that change its numbers (`STAGE_LIBRARIES`),
+- `libraries`: the installed versions of the libraries that change its numbers (its `key.libraries`),
   plus vllm when the stage's config says `backend: vllm` or `sampler: vllm`.
 
 The cover's rendering (`Renderer.render_mode`: canonical or segments tokenization, and what the chat
@@ -24,29 +24,35 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from tasks.declarations import DECLARED
+from tasks.declarations import STAGES, StageKey, declared
 
 SOURCE_ROOT = Path(__file__).resolve().parents[1]  # the folder holding race_core/, storage/, tasks/
 
-# stage -> its sources and libraries, as declared (`tasks.declarations`)
-STAGE_SOURCES: dict[str, tuple[str, ...]] = {s.name: s.key.sources for s in DECLARED if s.key is not None}
-STAGE_LIBRARIES: dict[str, tuple[str, ...]] = {s.name: s.key.libraries for s in DECLARED if s.key is not None}
+
+
+def keyed_stages() -> tuple[str, ...]:
+    """The declared stages that store something (a key with a code part)."""
+    return tuple(name for name, stage in STAGES.items() if stage.key is not None)
+
+
+def _declared_key(stage: str) -> StageKey:
+    key = declared(stage).key
+    if key is None:
+        raise ValueError(f"stage {stage!r} stores nothing: its declaration in tasks/declarations.py has no key")
+    return key
 
 
 def stage_code(stage: str, config: Mapping[str, Any]) -> dict[str, Any]:
     """The `code` part of `stage`'s key: its source fingerprint and the library versions it runs on."""
-    names = STAGE_LIBRARIES.get(stage, ())
+    names = _declared_key(stage).libraries
     if "vllm" in (config.get("backend"), config.get("sampler")):  # the cover's scorer, a stage's sampler
         names = (*names, "vllm")
     return {"source": source_fingerprint(stage), "libraries": {name: installed_version(name) for name in names}}
 
 
 def source_fingerprint(stage: str) -> str:
-    """sha256 over (relative path, content) of the files of `STAGE_SOURCES[stage]` under `SOURCE_ROOT`."""
-    try:
-        patterns = STAGE_SOURCES[stage]
-    except KeyError:
-        raise ValueError(f"stage {stage!r} has no source list: declare it in tasks/declarations.py") from None
+    """sha256 over (relative path, content) of the files of the stage's declared sources under `SOURCE_ROOT`."""
+    patterns = _declared_key(stage).sources
     files = sorted({path for pattern in patterns for path in _matches(pattern)})
     h = hashlib.sha256()
     for path in files:

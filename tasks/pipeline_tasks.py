@@ -1,13 +1,17 @@
-"""Prefect tasks: one per stage, thin wrappers over `tasks.stages` (docs/architecture.md §8).
+"""The Prefect layer of the stages: one task per declared stage, made by `stage_task` from its
+declaration (`tasks.declarations`, docs/architecture.md §8), and the tasks of the steps that are no
+stage (nightly's select-new and catalog-append, the report).
 
-Each task has its own retries and delay; GPU stages carry the tag `gpu` (concurrency limits by
-tag); both come from the stage's declaration (`tasks.declarations`). Tasks take the typed configs of `race_core.config` and return their stage manifest, a small
-JSON dict of digests and metrics; `only_cached=True` (a stage left out of the run) returns the
-stored manifest or fails naming the stage; `force=True` recomputes even a usable stored output
-(`race run --force STAGE`). Whether a
-stage runs at all is decided by its storage stage key: a manifest under that key is the cached
-result (Prefect's own result cache is off, so there is one source of truth, which survives a killed
-process and is shared with `race cover`). Each task publishes a markdown summary artifact.
+A stage task is named after its stage, has the stage's retries and delay (none for a check, which
+stores nothing) and the tag `gpu` for a stage that loads a model (concurrency limits by tag). It
+calls the stage's entry with the store and the keyword arguments the declaration names, and returns
+the stage manifest, a small JSON dict of digests and metrics; `only_cached=True` (a stage left out
+of a run) returns the stored manifest or fails naming the stage; `force=True` recomputes even a
+usable stored output (`race run --force STAGE`). Whether a stage runs at all is decided by its
+storage stage key: a manifest under that key is the cached result (Prefect's own result cache is
+off, so there is one source of truth, which survives a killed process and is shared with `race
+cover`). Each stage that stores something publishes a markdown summary artifact; one that reports
+progress (the cover) a progress artifact too.
 """
 
 from __future__ import annotations
@@ -15,10 +19,9 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
-from prefect import get_run_logger, task
+from prefect import Task, get_run_logger, task
 from prefect.artifacts import (
     create_link_artifact,
     create_markdown_artifact,
@@ -28,12 +31,11 @@ from prefect.artifacts import (
 )
 from prefect.cache_policies import NO_CACHE
 
-from race_core.config import CoverConfig, EvalConfig, IngestConfig, Resources, RLConfig, SFTConfig
+from race_core.config import CoverConfig, Resources
 from race_core.progress import ProgressFigures
 from storage import ArtifactStore
-from tasks import stages, training_stages
-from tasks.declarations import declared
-from tasks.training_stages import PolicyRef
+from tasks import stages
+from tasks.declarations import Stage, declared
 
 RETRIES = int(os.environ.get("RACE_TASK_RETRIES", "2"))
 RETRY_DELAY_S = float(os.environ.get("RACE_RETRY_DELAY_S", "5"))
@@ -78,100 +80,50 @@ def publish_summary(stage: str, manifest: dict[str, Any]) -> None:
     )
 
 
-def is_out_of_memory(exc: BaseException) -> bool:
-    return isinstance(exc, MemoryError) or "out of memory" in str(exc).lower()
+_TASKS: dict[str, Task] = {}
 
 
-KV_BUDGET_FLOOR = 64 * 2**20  # out-of-memory retries do not halve the KV budget below this (64 MiB)
+def stage_task(name: str) -> Task:
+    """The Prefect task of the declared stage `name` (made once per process): called with the store's
+    URL and the keyword arguments its declaration names (`Stage.arguments`), plus `only_cached` and
+    `force`; returns the stage's manifest."""
+    stage = declared(name)
+    if name not in _TASKS or _TASKS[name].fn.stage is not stage:  # a stage declared again (a test's toy)
+        _TASKS[name] = task(**stage_options(name))(_stage_run(stage))
+    return _TASKS[name]
 
 
-def with_oom_backoff(run: Callable[[Resources], dict[str, Any]], resources: Resources,
-                     log: Callable[[str], None]) -> dict[str, Any]:
-    """Run `run(resources)`; on out-of-memory halve what grows with the work, the batch size (down to
-    1) and the hf scorer's KV budget (down to KV_BUDGET_FLOOR; an automatic one is first resolved on
-    the memory free now), log both and run again. The error is raised when neither can shrink."""
-    while True:
-        try:
-            return run(resources)
-        except Exception as exc:  # noqa: BLE001 - only OOM is handled, everything else re-raised
-            at_floor = resources.batch_size <= 1 and 0 < resources.kv_budget <= KV_BUDGET_FLOOR
-            if not is_out_of_memory(exc) or at_floor:
-                raise
-        # past the except block, the failed run's frames and the memory they held are released
-        _empty_cuda_cache()
-        resources = _shrunk(resources, log)
+def _stage_run(stage: Stage) -> Callable[..., dict[str, Any]]:
+    def run(store_url: str, only_cached: bool = False, force: bool = False, **arguments: Any) -> dict[str, Any]:
+        stage.check_arguments(arguments)
+        progress = _ProgressArtifact(stage.name, stage.progress) if stage.progress and not only_cached else None
+        extra = {"on_progress": progress.publish} if progress else {}
+        manifest = stage.function()(ArtifactStore(store_url), **arguments, log=_logger_fn(), only_cached=only_cached,
+                                    force=force, **extra)
+        if progress:
+            progress.finish()
+        if stage.key is not None:
+            publish_summary(stage.artifact_name(arguments), manifest)
+        return manifest
+
+    run.__name__ = run.__qualname__ = f"{stage.name.replace('-', '_')}_task"  # Prefect's task key and run names
+    run.__doc__ = stage.function().__doc__
+    run.stage = stage  # type: ignore[attr-defined]
+    return run
 
 
-def _shrunk(resources: Resources, log: Callable[[str], None]) -> Resources:
-    from race_core.memory import automatic_kv_budget, format_size
+class _ProgressArtifact:
+    """A stage's progress in the Prefect UI: the figures of the terminal bar / log lines."""
 
-    kv_budget = resources.kv_budget or automatic_kv_budget(resources.device)
-    smaller = replace(resources, batch_size=max(1, resources.batch_size // 2),
-                      kv_budget=min(kv_budget, max(KV_BUDGET_FLOOR, kv_budget // 2)))
-    was = (format_size(kv_budget) if resources.kv_budget
-           else f"automatic: half the free memory, {format_size(kv_budget)} now")
-    log(f"out of memory: retrying with batch size {smaller.batch_size} (was {resources.batch_size}) and KV "
-        f"budget {format_size(smaller.kv_budget)} (was {was})")
-    return smaller
+    def __init__(self, name: str, title: str):
+        self.title = title
+        self.id = create_progress_artifact(0.0, key=f"race-{name}-progress", description=f"{title}: starting")
 
+    def publish(self, figures: ProgressFigures) -> None:
+        update_progress_artifact(self.id, round(100 * figures.fraction, 1), description=f"{self.title}: {figures.summary()}")
 
-def _empty_cuda_cache() -> None:
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-    except ImportError:
-        pass
-
-
-@task(**stage_options("ingest"))
-def ingest_task(store_url: str, inputs: list[str], config: IngestConfig, only_cached: bool = False,
-                force: bool = False) -> dict[str, Any]:
-    manifest = stages.ingest(ArtifactStore(store_url), inputs, config, log=_logger_fn(), only_cached=only_cached,
-                             force=force)
-    publish_summary("ingest", manifest)
-    return manifest
-
-
-@task(**stage_options("validate"))
-def validate_task(ingested: dict[str, Any], config: IngestConfig) -> dict[str, Any]:
-    return stages.validate(ingested, config)
-
-
-@task(**stage_options("cover"))
-def cover_task(store_url: str, trajectories: dict[str, Any], policy: PolicyRef, config: CoverConfig,
-               resources: Resources, only_cached: bool = False, force: bool = False) -> dict[str, Any]:
-    """The LoGiC cover (Algorithm 1) over the trajectories of an ingest (or select-new) manifest -> decisions."""
-    log = _logger_fn()
-    progress_id = create_progress_artifact(0.0, key="race-cover-progress", description="LoGiC cover: starting")
-
-    def publish(figures: ProgressFigures) -> None:  # the figures of the terminal bar / log lines
-        update_progress_artifact(progress_id, round(100 * figures.fraction, 1),
-                                 description=f"LoGiC cover: {figures.summary()}")
-
-    def run(sized: Resources) -> dict[str, Any]:
-        store = ArtifactStore(store_url)
-        return stages.cover(store, trajectories["objects"]["trajectories"], policy.local_path(store), policy.digest,
-                            config, sized, log=log, only_cached=only_cached, force=force, on_progress=publish)
-
-    manifest = with_oom_backoff(run, resources, log)
-    update_progress_artifact(progress_id, 100.0)
-    publish_summary("cover", manifest)
-    return manifest
-
-
-@task(**stage_options("compress"))
-def compress_task(store_url: str, trajectories: dict[str, Any], decided: dict[str, Any], policy: PolicyRef,
-                  epsilon: float, only_cached: bool = False, force: bool = False) -> dict[str, Any]:
-    """Apply the cover's accepted removals -> compressed trajectories."""
-    store = ArtifactStore(store_url)
-    manifest = stages.compress(store, trajectories["objects"]["trajectories"],
-                               decided["objects"]["decisions"], policy.local_path(store), policy.digest, epsilon,
-                               log=_logger_fn(), only_cached=only_cached,
-                               refused_digest=decided["objects"].get("rejects"), force=force)
-    publish_summary("compress", manifest)
-    return manifest
+    def finish(self) -> None:
+        update_progress_artifact(self.id, 100.0)
 
 
 @task(name="select-new", **RETRY, cache_policy=NO_CACHE)
@@ -189,47 +141,8 @@ def record_part_task(store_url: str, compressed_digest: str, ids: list[str], mod
     return stages.record_part(ArtifactStore(store_url), compressed_digest, ids, model_digest, config, resources)
 
 
-# -- training stages ---------------------------------------------------------------------------
-@task(**stage_options("sft"))
-def sft_task(store_url: str, compressed: dict[str, Any], base: PolicyRef, config: SFTConfig, resources: Resources,
-             only_cached: bool = False, force: bool = False) -> dict[str, Any]:
-    manifest = training_stages.sft(ArtifactStore(store_url), compressed["objects"]["compressed"], base, config,
-                                   resources, log=_logger_fn(), only_cached=only_cached, force=force)
-    publish_summary("sft", manifest)
-    return manifest
-
-
-@task(**stage_options("sample"))
-def sample_task(store_url: str, policy: PolicyRef | dict[str, Any], config: RLConfig, resources: Resources,
-                iteration: int, only_cached: bool = False, force: bool = False) -> dict[str, Any]:
-    manifest = training_stages.sample(ArtifactStore(store_url), PolicyRef.of(policy), config, resources, iteration,
-                                      log=_logger_fn(), only_cached=only_cached, force=force)
-    publish_summary("sample", manifest)
-    return manifest
-
-
-@task(**stage_options("rl"))
-def rl_task(store_url: str, policy: PolicyRef | dict[str, Any], sampled: dict[str, Any], config: RLConfig,
-            epsilon: float, resources: Resources, iteration: int, only_cached: bool = False,
-           force: bool = False) -> dict[str, Any]:
-    manifest = training_stages.rl(ArtifactStore(store_url), PolicyRef.of(policy), sampled["objects"]["rollouts"],
-                                  config, epsilon, resources, iteration, log=_logger_fn(), only_cached=only_cached,
-                                  force=force)
-    publish_summary("rl", manifest)
-    return manifest
-
-
-@task(**stage_options("evaluate"))
-def evaluate_task(store_url: str, policy: PolicyRef | dict[str, Any], config: EvalConfig, resources: Resources,
-                  label: str, only_cached: bool = False, force: bool = False) -> dict[str, Any]:
-    manifest = training_stages.evaluate(ArtifactStore(store_url), PolicyRef.of(policy), config, resources, label,
-                                        log=_logger_fn(), only_cached=only_cached, force=force)
-    publish_summary(f"evaluate-{label.replace('_', '-')}", manifest)
-    return manifest
-
-
 @task(name="report", **RETRY, cache_policy=NO_CACHE)
-def report_task(store_url: str, summary: dict[str, Any], report_dir: str, epsilon: float) -> dict[str, str]:
+def report_task(store_url: str, summary: dict[str, Any], report_dir: str, cover: CoverConfig) -> dict[str, str]:
     """report.md, plots, summary.json and report.html in `report_dir`, also attached to the flow run;
     report.html is put in the store too, and the run links to it there."""
     from storage import read_dataset_from_store
@@ -238,7 +151,7 @@ def report_task(store_url: str, summary: dict[str, Any], report_dir: str, epsilo
     store = ArtifactStore(store_url)
     decisions_digest = summary.get("objects", {}).get("decisions")
     decisions = read_dataset_from_store(store, decisions_digest, "decisions") if decisions_digest else None
-    written = write_report(report_dir, summary, decisions, epsilon, store)
+    written = write_report(report_dir, summary, decisions, cover.epsilon, store)
     create_markdown_artifact(key="race-report", markdown=written["report"].read_text(),
                              description=f"RACE report ({report_dir})")
     stored = store_report(store, written["html"])
@@ -249,16 +162,3 @@ def report_task(store_url: str, summary: dict[str, Any], report_dir: str, epsilo
         create_table_artifact(key="race-eval", table=[{"stage": k, **v} for k, v in evals.items()],
                               description="held-out evaluation by stage")
     return {**{k: str(v) for k, v in written.items()}, "stored_html": stored}
-
-
-@task(**stage_options("arm"))
-def derived_arm_task(store_url: str, trajectories: dict[str, Any], race: dict[str, Any], arm: str, policy: PolicyRef,
-                     epsilon: float) -> dict[str, Any]:
-    """The ablation's `arm` (none, random or all) version of the race arm's trajectories (`tasks.ablation`)."""
-    from tasks.ablation import derived_arm
-
-    store = ArtifactStore(store_url)
-    manifest = derived_arm(store, trajectories["objects"]["trajectories"], race["objects"]["compressed"], arm,
-                           policy.local_path(store), policy.digest, epsilon, log=_logger_fn())
-    publish_summary(f"arm-{arm}", manifest)
-    return manifest

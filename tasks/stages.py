@@ -9,6 +9,10 @@ These functions know nothing of Prefect: `tasks/` wraps them as tasks, and `race
 directly. They take the typed configs of `race_core.config` and pass digests, never tensors or
 DataFrames.
 
+Each stage also has an *entry* (`ingest_stage`, `cover_stage`, ...: the function its declaration in
+`tasks.declarations` names), which takes the manifests and policies of the stages before it as
+keyword arguments and calls the function here; `tasks.pipeline_tasks.stage_task` makes it a Prefect task.
+
 Stage names (in the store's `stages/<name>/`): ingest, cover (all of Algorithm 1: the decisions; one
 manifest per shard under `stages/cover-shard/`, `tasks.shards`),
 compress (applies them), sft, sample, rl, evaluate. Stores written before the rename kept the cover
@@ -39,7 +43,7 @@ from storage import ArtifactStore
 from storage.parquet import compressed_row, iter_rows_from_store
 from tasks import shards
 from tasks.base import Log, StageNotRun, TempDataset, _quiet, iter_trajectories, run_stage  # noqa: F401 - re-exported
-from tasks.cover_scoring import cover_key_config, cover_scorer  # noqa: F401 - cover_scorer: re-exported
+from tasks.cover_scoring import cover_key_config, cover_scorer, with_oom_backoff  # noqa: F401 - cover_scorer: re-exported
 from tasks.executors import executor_for
 from tasks.policy_ref import PolicyRef
 
@@ -145,7 +149,7 @@ def ingest(store: ArtifactStore, inputs: Iterable[str], config: IngestConfig = I
     if only_cached or not force:
         found = {f: file_digest(f) for f in files}
         try:  # look up only: `compute` is never called
-            return run_stage(store, "ingest", 1, keyed, {"files": _canonical_inputs(found)}, None, dict,
+            return run_stage(store, "ingest", keyed, {"files": _canonical_inputs(found)}, None, dict,
                              only_cached=True, force=force)
         except StageNotRun:
             if only_cached:
@@ -177,7 +181,7 @@ def ingest(store: ArtifactStore, inputs: Iterable[str], config: IngestConfig = I
     produced = {"objects": {"trajectories": good.digest, "rejects": bad.digest}, "metrics": metrics,
                 "files_read": [{"file": f, **files_read[f]} for f in files]}
     inputs_read = {"files": _canonical_inputs({f: r["sha256"] for f, r in files_read.items()})}
-    manifest = run_stage(store, "ingest", 1, keyed, inputs_read, None, lambda: produced, force=force, log=log)
+    manifest = run_stage(store, "ingest", keyed, inputs_read, None, lambda: produced, force=force, log=log)
     return {**manifest, "wall_s": round(time.perf_counter() - started, 3)}
 
 
@@ -222,7 +226,7 @@ def cover(store: ArtifactStore, trajectories_digest: str, checkpoint: str, model
             executor_for(resources).run(job, todo, store, resources, log, force=force, on_progress=on_progress)
         return shards.merge_shards(store, scope, plan, log)
 
-    return run_stage(store, "cover", 1, cover_key_config(config, resources), {"trajectories": trajectories_digest},
+    return run_stage(store, "cover", cover_key_config(config, resources), {"trajectories": trajectories_digest},
                      model_digest, compute, only_cached, force, log)
 
 
@@ -254,8 +258,45 @@ def compress(store: ArtifactStore, trajectories_digest: str, decisions_digest: s
     inputs = {"trajectories": trajectories_digest, "decisions": decisions_digest}
     if refused_digest:
         inputs["refused"] = refused_digest
-    return run_stage(store, "compress", 1, {"epsilon": epsilon}, inputs, model_digest, compute, only_cached,
+    return run_stage(store, "compress", {"epsilon": epsilon}, inputs, model_digest, compute, only_cached,
                      force, log)
+
+
+# -- the entries the declarations name (tasks.declarations) -------------------------------------
+def ingest_stage(store: ArtifactStore, *, inputs: list[str], config: IngestConfig, log: Log = _quiet,
+                 only_cached: bool = False, force: bool = False) -> dict[str, Any]:
+    """The input files (paths, globs, URLs) -> an ingest manifest."""
+    return ingest(store, inputs, config, log=log, only_cached=only_cached, force=force)
+
+
+def validate_stage(store: ArtifactStore, *, ingested: dict[str, Any], config: IngestConfig, log: Log = _quiet,
+                   only_cached: bool = False, force: bool = False) -> dict[str, Any]:
+    """The gate before the cover (a check: stores nothing, always runs)."""
+    return validate(ingested, config)
+
+
+def cover_stage(store: ArtifactStore, *, trajectories: dict[str, Any], policy: PolicyRef | dict[str, Any],
+                config: CoverConfig, resources: Resources, log: Log = _quiet, only_cached: bool = False,
+                force: bool = False, on_progress: Callable[[ProgressFigures], None] | None = None) -> dict[str, Any]:
+    """The LoGiC cover over the trajectories of an ingest (or select-new) manifest, scored by `policy`
+    -> decisions; out of memory, it runs again with a smaller batch and KV budget (`with_oom_backoff`)."""
+    policy = PolicyRef.of(policy)
+
+    def run(sized: Resources) -> dict[str, Any]:
+        return cover(store, trajectories["objects"]["trajectories"], policy.local_path(store), policy.digest, config,
+                     sized, log=log, only_cached=only_cached, force=force, on_progress=on_progress)
+
+    return with_oom_backoff(run, resources, log)
+
+
+def compress_stage(store: ArtifactStore, *, trajectories: dict[str, Any], decided: dict[str, Any],
+                   policy: PolicyRef | dict[str, Any], config: CoverConfig, log: Log = _quiet,
+                   only_cached: bool = False, force: bool = False) -> dict[str, Any]:
+    """The cover's accepted removals applied (at the cover's ε) -> compressed trajectories."""
+    policy = PolicyRef.of(policy)
+    return compress(store, trajectories["objects"]["trajectories"], decided["objects"]["decisions"],
+                    policy.local_path(store), policy.digest, config.epsilon, log=log, only_cached=only_cached,
+                    refused_digest=decided["objects"].get("rejects"), force=force)
 
 
 # -- nightly: only what the catalog has not seen -----------------------------------------------

@@ -26,6 +26,7 @@ from race_core.train.distributed import TrainOptions, clear_state
 from race_core.train.worker import LaunchSpec
 from storage import ArtifactStore, put_checkpoint, stage_key
 from tasks.base import iter_trajectories
+from tasks.declarations import declared
 from tasks.fingerprints import stage_code
 
 Log = Callable[[str], None]
@@ -45,7 +46,7 @@ def train_state_root() -> Path:
 
 def train_state_dir(stage: str, keyed: dict[str, Any], inputs: dict[str, str], model_digest: str) -> Path:
     """The local folder of a training stage's saved state, named by the stage's key."""
-    key = stage_key(stage, 1, keyed, inputs, model_digest, stage_code(stage, keyed))
+    key = stage_key(stage, declared(stage).version, keyed, inputs, model_digest, stage_code(stage, keyed))
     return train_state_root() / f"{stage}-{key}"
 
 

@@ -1,7 +1,8 @@
 """Training stages as plain functions (manifests in, manifests out): SFT on the compressed
 trajectories, on-policy sampling in the calculator, the cover-aware RL update, and evaluation.
 
-A policy travels between stages as a `PolicyRef` (`tasks.policy_ref`): its model digest, and where
+Each has an entry (`sft_stage`, ...: what its declaration in `tasks.declarations` names) taking the
+manifests and policies of the stages before it as keyword arguments. A policy travels between stages as a `PolicyRef` (`tasks.policy_ref`): its model digest, and where
 its files are (a checkpoint folder object in the store, or a local folder). Every stage loads its model with the `Resources` it is given (device, dtype).
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from race_core.config import EvalConfig, Resources, RLConfig, SFTConfig
+from race_core.config import CoverConfig, EvalConfig, Resources, RLConfig, SFTConfig
 from race_core.envs.calculator import ENV_REVISION
 from storage import ArtifactStore
 from tasks.base import Log, _model_config, _quiet, _rl_keyed, run_stage
@@ -31,7 +32,7 @@ def sft(store: ArtifactStore, compressed_digest: str, base: PolicyRef, config: S
         return sft_compute(store, compressed_digest, base, config, resources,
                            train_state_dir("sft", keyed, inputs, base.digest), log)
 
-    return run_stage(store, "sft", 1, keyed, inputs, base.digest, compute, only_cached, force, log)
+    return run_stage(store, "sft", keyed, inputs, base.digest, compute, only_cached, force, log)
 
 
 def sample(store: ArtifactStore, policy: PolicyRef, config: RLConfig, resources: Resources, iteration: int,
@@ -63,7 +64,7 @@ def sample(store: ArtifactStore, policy: PolicyRef, config: RLConfig, resources:
                 "metrics": {"rollouts": len(rollouts), "success_rate": successes / max(len(rollouts), 1),
                             "reasoning_tokens_per_turn": reasoning / max(turns, 1)}}
 
-    return run_stage(store, "sample", 1, keyed, inputs, policy.digest, compute, only_cached, force, log)
+    return run_stage(store, "sample", keyed, inputs, policy.digest, compute, only_cached, force, log)
 
 
 def rl(store: ArtifactStore, policy: PolicyRef, rollouts_digest: str, config: RLConfig, epsilon: float,
@@ -80,7 +81,7 @@ def rl(store: ArtifactStore, policy: PolicyRef, rollouts_digest: str, config: RL
         return rl_compute(store, policy, rollouts_digest, config, epsilon, resources,
                           train_state_dir("rl", keyed, inputs, policy.digest), log)
 
-    return run_stage(store, "rl", 1, keyed, inputs, policy.digest, compute, only_cached, force, log)
+    return run_stage(store, "rl", keyed, inputs, policy.digest, compute, only_cached, force, log)
 
 
 def evaluate(store: ArtifactStore, policy: PolicyRef, config: EvalConfig, resources: Resources, label: str = "",
@@ -110,5 +111,38 @@ def evaluate(store: ArtifactStore, policy: PolicyRef, config: EvalConfig, resour
         digest = store.put_bytes(json.dumps(summary, sort_keys=True).encode())
         return {"objects": {"report": digest}, "metrics": summary}
 
-    return run_stage(store, "evaluate", 1, _model_config(config, resources, greedy=True, env_revision=ENV_REVISION),
+    return run_stage(store, "evaluate", _model_config(config, resources, greedy=True, env_revision=ENV_REVISION),
                      {}, policy.digest, compute, only_cached, force, log)
+
+
+# -- the entries the declarations name (tasks.declarations) -------------------------------------
+def sft_stage(store: ArtifactStore, *, compressed: dict[str, Any], base: PolicyRef | dict[str, Any],
+              config: SFTConfig, resources: Resources, log: Log = _quiet, only_cached: bool = False,
+              force: bool = False) -> dict[str, Any]:
+    """The base policy fine-tuned on a compress (or arm) manifest's trajectories -> a policy."""
+    return sft(store, compressed["objects"]["compressed"], PolicyRef.of(base), config, resources, log=log,
+               only_cached=only_cached, force=force)
+
+
+def sample_stage(store: ArtifactStore, *, policy: PolicyRef | dict[str, Any], iteration: int, config: RLConfig,
+                 resources: Resources, log: Log = _quiet, only_cached: bool = False,
+                 force: bool = False) -> dict[str, Any]:
+    """The policy's on-policy episodes of RL iteration `iteration` -> rollouts."""
+    return sample(store, PolicyRef.of(policy), config, resources, iteration, log=log, only_cached=only_cached,
+                  force=force)
+
+
+def rl_stage(store: ArtifactStore, *, policy: PolicyRef | dict[str, Any], sampled: dict[str, Any], iteration: int,
+             config: RLConfig, cover: CoverConfig, resources: Resources, log: Log = _quiet,
+             only_cached: bool = False, force: bool = False) -> dict[str, Any]:
+    """One cover-aware RL update (its cover at the run's ε, `cover.epsilon`) on a sample manifest -> a policy."""
+    return rl(store, PolicyRef.of(policy), sampled["objects"]["rollouts"], config, cover.epsilon, resources,
+              iteration, log=log, only_cached=only_cached, force=force)
+
+
+def evaluate_stage(store: ArtifactStore, *, policy: PolicyRef | dict[str, Any], label: str, config: EvalConfig,
+                   resources: Resources, log: Log = _quiet, only_cached: bool = False,
+                   force: bool = False) -> dict[str, Any]:
+    """The policy's held-out figures (`label` names it in the log and the summary artifact)."""
+    return evaluate(store, PolicyRef.of(policy), config, resources, label, log=log, only_cached=only_cached,
+                    force=force)

@@ -107,17 +107,31 @@ def test_the_local_executor_does_each_unit_with_one_worker(smoke_policy, tmp_pat
     assert len(loads) == 1 and all(chunk_committed(store, job.scope, c) for c in (0, 1))
 
 
-def test_every_stage_is_declared_once_and_its_declaration_is_what_the_pipeline_reads():
-    from flows.run import NEEDS
+def test_every_stage_is_declared_once_and_its_declaration_is_what_the_pipeline_runs():
+    import inspect
+    from dataclasses import fields
+
     from race_core.config import STAGES as NAMES
+    from race_core.config import PipelineConfig
     from tasks import fingerprints, pipeline_tasks
-    from tasks.declarations import STAGES
+    from tasks.declarations import ENTRY_OPTIONS, STAGES
+    from tasks.units import UNIT_KINDS
 
     assert set(NAMES) <= set(STAGES)  # every stage a run can select (arm: the ablation's)
+    sections = {f.name for f in fields(PipelineConfig)}
     for name, stage in STAGES.items():
-        assert callable(stage.function()) and NEEDS[name] == stage.needs
+        entry = inspect.signature(stage.function())
+        takes = [p.name for p in entry.parameters.values() if p.kind is p.KEYWORD_ONLY]
+        # the entry takes exactly what its declaration names, by keyword, and the options every entry takes
+        assert set(takes) == {*stage.arguments, *ENTRY_OPTIONS, *(("on_progress",) if stage.progress else ())}, name
+        assert list(entry.parameters)[0] == "store"
+        assert {stage.config or "ingest", *stage.reads} <= sections and stage.units in (None, *UNIT_KINDS)
         if stage.key is not None:
-            assert fingerprints.STAGE_SOURCES[name] == stage.key.sources
-        options = pipeline_tasks.stage_options(name)
-        assert options["name"] == name and ("gpu" in options["tags"]) == stage.gpu
-    assert pipeline_tasks.cover_task.tags == {"gpu"} and pipeline_tasks.validate_task.retries == 0
+            assert fingerprints.stage_code(name, {})["source"]  # its sources exist
+        made = pipeline_tasks.stage_task(name)
+        assert made is pipeline_tasks.stage_task(name)  # one task per stage and process
+        assert made.name == name and ("gpu" in made.tags) == stage.gpu and made.retries == (
+            pipeline_tasks.RETRIES if stage.key is not None else 0)
+    assert pipeline_tasks.stage_task("cover").tags == {"gpu"} and pipeline_tasks.stage_task("validate").retries == 0
+    with pytest.raises(TypeError, match=r"stage 'cover': missing \['policy'\]; unknown \['epsilon'\]"):
+        STAGES["cover"].check_arguments({"trajectories", "config", "resources", "epsilon"})

@@ -196,3 +196,53 @@ def test_the_nightly_flow_checks_its_parameters_like_the_manual_one(prefect_harn
                                ({"checkpoint": str(tmp_path / "none")}, "checkpoint")):
         with pytest.raises(ValueError, match=f"parameter '{parameter}'"):
             race_nightly(replace(base, **changes))
+
+
+# -- a stage added by its declaration alone ------------------------------------------------------
+def toy_entry(store, *, trajectories, config, log, only_cached, force):
+    """The toy stage's entry: counts an ingest's trajectories (a stage's whole code, `run_stage` keyed)."""
+    digest = trajectories["objects"]["trajectories"]
+
+    def compute():
+        count = sum(1 for _ in stages.iter_trajectories(store, digest))
+        return {"objects": {"count": store.put_bytes(json.dumps({"trajectories": count}).encode())},
+                "metrics": {"trajectories": count}}
+
+    return stages.run_stage(store, "toy", {"strict": config.strict}, {"trajectories": digest}, None, compute,
+                            only_cached, force, log)
+
+
+@pytest.fixture
+def toy_stage(monkeypatch):
+    """A stage that exists only in this test: one declaration (registered for the test) and one function."""
+    from tasks.declarations import STAGES, Stage, StageKey
+
+    stage = Stage("toy", 1, ("ingest",), StageKey(("tests/test_flow.py",)), f"{__name__}:toy_entry",
+                  inputs=("trajectories",), config="ingest", outputs=("count",))
+    monkeypatch.setitem(STAGES, "toy", stage)
+    return stage
+
+
+def test_a_stage_is_one_declaration_one_function_and_one_line_in_a_flow_body(prefect_harness, toy_stage, demo_inputs,
+                                                                              tiny_checkpoint, tmp_path):
+    from prefect import flow
+    from prefect.artifacts import Artifact
+
+    from flows.run import PipelineRun
+
+    @flow
+    def with_toy(config: PipelineConfig):
+        run = PipelineRun(config)
+        ingested = run.stage("ingest", inputs=list(config.inputs))
+        return run.stage("toy", trajectories=ingested)  # the one line
+
+    config = replace(cover_config(demo_inputs, tiny_checkpoint, tmp_path / "store"), stages=("ingest", "toy"))
+    first = with_toy(config)
+    store = ArtifactStore(config.store)
+    assert first["cached"] is False and first["metrics"] == {"trajectories": 8}
+    assert json.loads(store.get_bytes(first["objects"]["count"])) == {"trajectories": 8}
+    assert store.list_manifests("toy")  # under stages/toy/, keyed like every stage
+    assert "| trajectories | 8 |" in Artifact.get("race-toy", _sync=True).data  # the generic task's summary
+    # left out of the selection, the ingest it needs is looked up; the toy itself is cached
+    again = with_toy(replace(config, stages=("toy",)))
+    assert again["cached"] is True and again["objects"] == first["objects"]

@@ -15,7 +15,7 @@ from race_core.scoring import ScoreRequest
 from race_core.scoring.hf import HFScorer
 from storage import ArtifactStore
 from tasks import stages
-from tasks.pipeline_tasks import KV_BUDGET_FLOOR, with_oom_backoff
+from tasks.cover_scoring import KV_BUDGET_FLOOR, with_oom_backoff
 
 EPS = 1e-3
 UNBOUNDED = 10**15

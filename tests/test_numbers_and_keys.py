@@ -114,14 +114,15 @@ def source_copy(tmp_path, monkeypatch) -> Path:
     return root
 
 
-def _keys(stage_names=tuple(fingerprints.STAGE_SOURCES)) -> dict[str, dict]:
-    return {stage: fingerprints.stage_code(stage, {}) for stage in stage_names}
+def _keys(stage_names: tuple[str, ...] | None = None) -> dict[str, dict]:
+    return {stage: fingerprints.stage_code(stage, {}) for stage in stage_names or fingerprints.keyed_stages()}
 
 
 def test_every_stage_has_sources_and_they_all_exist():
-    assert set(fingerprints.STAGE_SOURCES) == {"ingest", "cover", "compress", "arm", "sft", "sample", "rl", "evaluate",
+    assert set(fingerprints.keyed_stages()) == {"ingest", "cover", "compress", "arm", "sft", "sample", "rl", "evaluate",
                                                "bootstrap"}
-    assert set(fingerprints.STAGE_LIBRARIES) == set(fingerprints.STAGE_SOURCES)
+    with pytest.raises(ValueError, match="'validate' stores nothing"):  # a check has no key to make
+        fingerprints.stage_code("validate", {})
     keys = _keys()  # raises if a listed module is missing
     assert all(set(code) == {"source", "libraries"} for code in keys.values())
     assert len({code["source"] for code in keys.values()}) == len(keys)
@@ -148,7 +149,7 @@ def test_an_edited_cover_module_reruns_the_cover_stage_and_not_sft(tmp_path, sou
     runs: list[str] = []
 
     def run(stage: str) -> dict:
-        return stages.run_stage(store, stage, 1, {"epsilon": EPS}, {"x": "1" * 64}, "m" * 64,
+        return stages.run_stage(store, stage, {"epsilon": EPS}, {"x": "1" * 64}, "m" * 64,
                                 lambda: runs.append(stage) or {"objects": {}, "metrics": {}})
 
     assert not run("cover")["cached"] and not run("sft")["cached"]
@@ -187,7 +188,7 @@ def test_vllm_is_keyed_only_when_the_stage_runs_on_it(monkeypatch):
 def test_the_calculator_revision_is_in_the_sample_and_evaluate_keys(monkeypatch):
     keyed: dict[str, dict] = {}
     monkeypatch.setattr(training_stages, "run_stage",
-                        lambda store, stage, version, config, *rest: keyed.setdefault(stage, config))
+                        lambda store, stage, config, *rest: keyed.setdefault(stage, config))
     policy = training_stages.PolicyRef(digest="p" * 64, path="unused")
     training_stages.sample(None, policy, RLConfig(), Resources(), iteration=0)
     training_stages.evaluate(None, policy, EvalConfig(), Resources())

@@ -121,7 +121,7 @@ def test_the_prefect_cover_task_publishes_the_same_figures(prefect_harness, tiny
     from race_core.policy import load_tokenizer
     from storage import ArtifactStore
     from tasks import stages
-    from tasks.pipeline_tasks import cover_task
+    from tasks.pipeline_tasks import stage_task
     from tasks.training_stages import PolicyRef
 
     store = str(tmp_path / "store")
@@ -129,7 +129,8 @@ def test_the_prefect_cover_task_publishes_the_same_figures(prefect_harness, tiny
 
     @flow
     def cover_only():
-        return cover_task(store, ingested, PolicyRef.local(tiny_checkpoint), CoverConfig(), Resources(shard_size=3))
+        return stage_task("cover")(store, trajectories=ingested, policy=PolicyRef.local(tiny_checkpoint),
+                                   config=CoverConfig(), resources=Resources(shard_size=3))
 
     manifest = cover_only()
     assert manifest["metrics"]["trajectories"] == 8

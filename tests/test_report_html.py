@@ -258,6 +258,7 @@ def test_the_pipeline_report_links_its_page_in_the_store(prefect_harness, sweep,
     from prefect import flow
     from prefect.artifacts import Artifact
 
+    from race_core.config import CoverConfig
     from tasks.pipeline_tasks import report_task
 
     out, store = sweep
@@ -265,7 +266,7 @@ def test_the_pipeline_report_links_its_page_in_the_store(prefect_harness, sweep,
 
     @flow
     def report_flow():
-        return report_task(str(store), summary, str(tmp_path / "report"), LOW)
+        return report_task(str(store), summary, str(tmp_path / "report"), CoverConfig(epsilon=LOW))
 
     written = report_flow()
     link = Artifact.get("race-report-html", _sync=True)  # the browser tests' Playwright loop may be running

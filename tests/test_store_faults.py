@@ -196,11 +196,11 @@ def test_a_stage_left_out_whose_output_is_damaged_fails_naming_it(tmp_path):
     def compute() -> dict:
         return {"objects": {"report": store.put_bytes(b"evaluation")}}
 
-    manifest = run_stage(store, "evaluate", 1, {}, {}, None, compute)
+    manifest = run_stage(store, "evaluate", {}, {}, None, compute)
     os.unlink(store.object_path(manifest["objects"]["report"]))
     with pytest.raises(StageNotRun, match="'evaluate' was not selected and its stored output is damaged"):
-        run_stage(store, "evaluate", 1, {}, {}, None, compute, only_cached=True)
-    assert run_stage(store, "evaluate", 1, {}, {}, None, compute)["cached"] is False  # selected: recomputed
+        run_stage(store, "evaluate", {}, {}, None, compute, only_cached=True)
+    assert run_stage(store, "evaluate", {}, {}, None, compute)["cached"] is False  # selected: recomputed
 
 
 def test_race_run_force_reaches_the_named_stage_only():
@@ -214,23 +214,34 @@ def test_race_run_force_reaches_the_named_stage_only():
     config = config_from_args(PipelineConfig(), args)
     assert config.force == ("cover",)
     calls: list[tuple[str, dict]] = []
+    OPTIONS = ("force", "only_cached")
 
-    class FakeTask:
+    class RecordingTask:  # a stand-in for a stage's task: records how the run calls it, runs nothing
         def __init__(self, name: str):
             self.name = name
 
-        def __call__(self, **kwargs):
-            calls.append((self.name, kwargs))
+        def __call__(self, store: str, **kwargs):
+            calls.append((self.name, {k: v for k, v in kwargs.items() if k in OPTIONS}))
+            seen[self.name] = kwargs
             return {"cached": False}
 
-        def fn(self, **kwargs):
-            calls.append((self.name + ".fn", kwargs))
+        def fn(self, store: str, **kwargs):
+            calls.append((self.name + ".fn", {k: v for k, v in kwargs.items() if k in OPTIONS}))
             return {"cached": True}
 
-    run = PipelineRun(config)
-    for stage in ("ingest", "validate", "cover", "compress", "sft"):
-        run.stage(stage, FakeTask(stage))
+    seen: dict[str, dict] = {}
+    run = PipelineRun(config, task_for=RecordingTask)
+    ingested = run.stage("ingest", inputs=["a.jsonl"])
+    run.stage("validate", ingested=ingested)
+    decided = run.stage("cover", trajectories=ingested, policy="p")
+    compressed = run.stage("compress", trajectories=ingested, decided=decided, policy="p")
+    assert run.stage("sft", compressed=compressed, base="p") is None  # neither selected nor needed
     assert calls == [("ingest.fn", {"only_cached": True}), ("cover", {"force": True}), ("compress", {})]
+    # each stage is handed the config sections its declaration reads, from the run's config
+    assert seen["cover"]["config"] is config.cover and seen["cover"]["resources"] is config.resources
+    assert seen["compress"]["config"] is config.cover and "resources" not in seen["compress"]
+    with pytest.raises(TypeError, match=r"stage 'compress': missing \['decided'\]"):  # before anything runs
+        run.stage("compress", trajectories=ingested, policy="p")
     with pytest.raises(ValueError, match="parameter 'force': unknown \\['scoring'\\]"):
         PipelineConfig(inputs=("x.jsonl",), force=("scoring",)).check()
 
