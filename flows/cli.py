@@ -40,6 +40,7 @@ from race_core.config import (
     SECTIONS,
     CoverConfig,
     PipelineConfig,
+    Resources,
     field_help,
     replace,
 )
@@ -62,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     # conflict_handler: the generated single-valued --epsilon gives way to the one below, which takes several
     p = sub.add_parser("cover", help="run the LoGiC cover and write decisions and compressed trajectories",
                        conflict_handler="resolve")
-    add_config_options(p, PipelineConfig(), top=("inputs", "checkpoint", "store", "force"), sections=COVER_SECTIONS)
+    add_config_options(p, PipelineConfig(), top=("inputs", "checkpoint", "store", "force"), sections=COVER_SECTIONS,
+                       leave_out=tuple(f"resources.{name}" for name in Resources.TRAINING))  # it trains nothing
     p.add_argument("--epsilon", nargs="+", type=float, metavar="EPSILON", dest="epsilons",
                    help=f"{field_help(CoverConfig)['epsilon']} (default: {DEFAULT_EPSILON!r}); several values "
                         "run the cover for each, sharing scores, into OUT/eps-<value>/, with epsilon_sweep.md, "

@@ -28,8 +28,9 @@ DEST = "config:"  # argparse dest prefix of generated options
 
 
 def add_config_options(parser: argparse.ArgumentParser, base: Any, top: tuple[str, ...], sections: tuple[str, ...],
-                       required: tuple[str, ...] = ()) -> None:
-    """Options for the `top` fields of `base`'s class and every field of its `sections`."""
+                       required: tuple[str, ...] = (), leave_out: tuple[str, ...] = ()) -> None:
+    """Options for the `top` fields of `base`'s class and every field of its `sections` but those of
+    `leave_out` (dotted names, `resources.train_processes`: fields none of the command's stages reads)."""
     cls = type(base)
     helps, kinds = field_help(cls), field_types(cls)
     for name in top:
@@ -41,6 +42,8 @@ def add_config_options(parser: argparse.ArgumentParser, base: Any, top: tuple[st
         group = parser.add_argument_group(f"{section} ({doc})" if doc else section)
         section_helps, section_kinds = field_help(type(part)), field_types(type(part))
         for f in dataclasses.fields(part):
+            if f"{section}.{f.name}" in leave_out:
+                continue
             flag = "--" + PREFIXES[section] + f.name.replace("_", "-")
             _add(group, flag, f"{section}.{f.name}", section_kinds[f.name], getattr(part, f.name),
                  section_helps.get(f.name, ""))

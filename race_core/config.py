@@ -18,7 +18,7 @@ import inspect
 import math
 from dataclasses import asdict, dataclass, field
 from functools import cache
-from typing import Any
+from typing import Any, ClassVar
 
 from race_core.envs import DEFAULT_ENV, ENV_NAMES, get_environment
 from race_core.envs.calculator import DEFAULT_MAX_TURNS
@@ -117,6 +117,9 @@ class Resources:
     mixed_precision: str = "no"  # training autocast: bf16, fp16 (GPU only) or no (the model's dtype throughout)
     accelerate_config: str = ""  # accelerate config file the training processes launch with (FSDP, DeepSpeed, hosts)
     train_save_every: int = 50  # optimizer steps between saved training states a rerun resumes from (0: none)
+
+    TRAINING: ClassVar[tuple[str, ...]] = ("train_processes", "gradient_checkpointing", "mixed_precision",
+                                           "accelerate_config", "train_save_every")  # read by sft and rl only
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype))

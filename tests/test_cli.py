@@ -59,3 +59,24 @@ def test_the_command_lines_prefect_defaults_reach_prefect_unless_the_user_set_th
     env["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "7"
     out = subprocess.run([sys.executable, "-c", read], env=env, capture_output=True, text=True, check=True).stdout
     assert out.split() == ["7", "False"]
+
+
+def test_each_command_shows_only_the_options_its_stages_read():
+    """`race cover` runs no training stage: the training resources are not its options (argparse rejects
+    them); `race run` trains and takes them. Both keep every other resources option."""
+    import dataclasses
+
+    import pytest
+
+    from flows.cli import build_parser
+    from race_core.config import Resources
+
+    parser = build_parser()
+    commands = {action.dest: action for action in parser._subparsers._group_actions}["command"].choices
+    cover, run = commands["cover"].format_help(), commands["run"].format_help()
+    training = [f"--{name.replace('_', '-')}" for name in Resources.TRAINING]
+    assert training and all(flag not in cover for flag in training) and all(flag in run for flag in training)
+    others = [f"--{f.name.replace('_', '-')}" for f in dataclasses.fields(Resources) if f.name not in Resources.TRAINING]
+    assert all(flag in cover and flag in run for flag in others)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["cover", "--out", "o", "--train-processes", "2"])
