@@ -22,7 +22,7 @@ from bench.profile import format_profile
 from bench.records import RESULTS, commit, load, record
 from bench.report import format_demo, format_real_table, format_table
 from bench.scoring import BenchOptions, run_bench
-from bench.workload import MODELS, Workload
+from bench.workload import MODELS, LongWorkload, Workload
 from race_core.config import Resources
 from race_core.cover import DEFAULT_EPSILON
 
@@ -63,7 +63,11 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                         f"(default {RESULTS.relative_to(RESULTS.parents[1])}/)")
     p.add_argument("--label", default="", help="with --record: a word for the record's file name")
     p.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
-    p.add_argument("--n", type=int, default=w.n, help="trajectories")
+    p.add_argument("--workload", choices=("fixed", "long"), default="fixed",
+                   help="fixed: N trajectories of T turns, every field one length; long: episodes of 5-40 turns, "
+                        "observations of 20-400 tokens, reasoning of 0-150 per turn, cut to the model's context "
+                        "(bench/workload.py), one run per model, or on --checkpoint without --input")
+    p.add_argument("--n", type=int, help=f"trajectories (default {w.n}; {LongWorkload.n} with --workload long)")
     p.add_argument("--turns", type=int, nargs="+", default=[w.turns], help="turns per trajectory (T)")
     p.add_argument("--sweep", action="store_true", help=f"T over {', '.join(map(str, SWEEP_TURNS))}")
     p.add_argument("--question-tokens", type=int, default=w.question_tokens)
@@ -100,11 +104,12 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def options_from_args(args: argparse.Namespace) -> BenchOptions:
-    workload = Workload(n=args.n, question_tokens=args.question_tokens, reasoning_tokens=args.reasoning_tokens,
+    long = LongWorkload(n=args.n or LongWorkload.n, seed=args.seed) if args.workload == "long" else None
+    workload = Workload(n=args.n or Workload.n, question_tokens=args.question_tokens, reasoning_tokens=args.reasoning_tokens,
                         action_tokens=args.action_tokens, observation_tokens=args.observation_tokens,
                         seed=args.seed)
     return BenchOptions(models=tuple(args.models), turns=SWEEP_TURNS if args.sweep else tuple(args.turns),
-                        workload=workload, batch_size=args.batch_size, naive_subset=args.naive_subset,
+                        workload=workload, long=long, batch_size=args.batch_size, naive_subset=args.naive_subset,
                         full_forward_subset=args.full_forward_subset, vllm=args.vllm,
                         early_reject=not args.no_early_reject, epsilon=args.epsilon, cache_dir=args.cache_dir,
                         demo_data=args.demo_data, checkpoint=args.checkpoint, input=args.input, limit=args.limit,

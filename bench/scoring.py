@@ -25,6 +25,11 @@ data. Each method also records its work counters (`race_core.scoring.WorkCounter
 fed and padded positions, attention pairs, KV bytes copied, evictions), which do not depend on the
 machine, counted on the trajectories it ran (a subset for a scaled method).
 
+With `--workload long` (`bench.workload.LongWorkload`) each model runs once on episodes of 5-40
+turns with observations of 20-400 tokens and reasoning of 0-150 tokens per turn, cut to the model's
+context; with `--checkpoint DIR` and no input file, on that checkpoint (its own chat template:
+SmolLM2's for `race model smollm2`).
+
 With a checkpoint and an input file (`race bench scoring --checkpoint DIR --input FILE.jsonl`) the
 same methods run on that model and on the file's trajectories instead (issue 16): read with the
 schema reader (its rejects and the trajectories longer than the model's context are reported, not
@@ -42,7 +47,14 @@ from pathlib import Path
 from typing import Any
 
 from bench.baselines import NaiveScorer, bound_tokens, bound_work, forward_throughput, head_throughput
-from bench.workload import MODELS, Workload, checkpoint_for, synthetic_trajectories
+from bench.workload import (
+    MODELS,
+    LongWorkload,
+    Workload,
+    checkpoint_for,
+    long_trajectories,
+    synthetic_trajectories,
+)
 from race_core.cover import DEFAULT_EPSILON, CoverResult, check_noise, logic_cover
 from race_core.render import Renderer
 from race_core.schema import Trajectory
@@ -54,6 +66,7 @@ class BenchOptions:
     models: tuple[str, ...] = MODELS
     turns: tuple[int, ...] = (8,)
     workload: Workload = Workload()
+    long: LongWorkload | None = None  # --workload long: these episodes instead of `workload` and `turns`
     batch_size: int = 64
     naive_subset: int = 8  # naive is timed on the first k trajectories and scaled (0 = all)
     full_forward_subset: int = 0
@@ -167,6 +180,24 @@ def bench_one(model_name: str, checkpoint: Path, model, tokenizer, workload: Wor
     run = bench_methods(f"{model_name} T={workload.turns}", checkpoint, model, tokenizer, renderer, trajectories,
                         options, log, throughput_rows=min(options.batch_size, 16))
     return {"model": model_name, "N": run.pop("N"), "T": workload.turns, "workload": asdict(workload), **run}
+
+
+def bench_long(model_name: str, checkpoint: Path, model, tokenizer, workload: LongWorkload, options: BenchOptions,
+               log: Callable[[str], None]) -> dict[str, Any]:
+    """All methods on one (model, long workload); returns the run's JSON record."""
+    renderer = Renderer(tokenizer)
+    trajectories = long_trajectories(renderer, workload, model_context(model))
+    turns = [len(t.turns) for t in trajectories]
+    tag = f"{model_name} long T={min(turns)}-{max(turns)}"
+    run = bench_methods(tag, checkpoint, model, tokenizer, renderer, trajectories, options, log,
+                        throughput_rows=min(options.batch_size, 16))
+    return {"model": model_name, "N": run.pop("N"), "T": f"{min(turns)}-{max(turns)}", "workload": "long",
+            "long": asdict(workload), "tokens": sum(len(renderer.render(t)) for t in trajectories), **run}
+
+
+def model_context(model) -> int:
+    """The longest sequence the model takes (its config's max_position_embeddings)."""
+    return int(model.config.get_text_config().max_position_embeddings)
 
 
 def bench_methods(tag: str, checkpoint: Path, model, tokenizer, renderer: Renderer,
@@ -316,7 +347,11 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = lambda m: None
         model, tokenizer = load_policy(checkpoint)
         params = sum(p.numel() for p in model.parameters())
         log(f"model {model_name}: {params / 1e6:.1f}M parameters ({checkpoint})")
-        for turns in options.turns:
+        if options.long is not None:
+            run = bench_long(model_name, checkpoint, model, tokenizer, options.long, options, log)
+            run["parameters"] = params
+            report["runs"].append(run)
+        for turns in () if options.long is not None else options.turns:
             run = bench_one(model_name, checkpoint, model, tokenizer, replace(options.workload, turns=turns),
                             options, log)
             run["parameters"] = params
@@ -372,15 +407,21 @@ def run_real_bench(options: BenchOptions, log: Callable[[str], None] = lambda m:
 
     from race_core.policy import check_checkpoint_dir, load_policy, load_tokenizer
 
-    if not (options.checkpoint and options.input):
-        raise ValueError("--checkpoint and --input go together: a real checkpoint is benchmarked on a JSONL file")
+    if not options.checkpoint or not (options.input or options.long):
+        raise ValueError("--checkpoint goes with --input FILE.jsonl or --workload long: a real checkpoint is "
+                         "benchmarked on a JSONL file or on the long synthetic episodes")
     checkpoint = check_checkpoint_dir(options.checkpoint)
     # Read (and reject) the input before the model is loaded: a bad file fails in a second.
     renderer = Renderer(load_tokenizer(checkpoint))
     config = AutoConfig.from_pretrained(checkpoint, local_files_only=True).get_text_config()
     max_length = getattr(config, "max_position_embeddings", None)
-    trajectories, rejects = read_input(options.input, renderer, max_length, options.limit)
-    log(f"input {options.input}: {len(trajectories)} trajectories to score, {len(rejects)} rejected")
+    if options.input:
+        trajectories, rejects = read_input(options.input, renderer, max_length, options.limit)
+        log(f"input {options.input}: {len(trajectories)} trajectories to score, {len(rejects)} rejected")
+    else:  # the long workload, rendered with the checkpoint's own chat template
+        trajectories, rejects = long_trajectories(renderer, options.long, max_length), []
+        log(f"long workload: {len(trajectories)} episodes of {min(len(t.turns) for t in trajectories)}-"
+            f"{max(len(t.turns) for t in trajectories)} turns")
     model, tokenizer = load_policy(checkpoint, device=options.device, dtype=options.dtype)
     params = sum(p.numel() for p in model.parameters())
     log(f"model {checkpoint.name}: {params / 1e6:.1f}M parameters on {options.device} ({options.dtype})")
@@ -397,7 +438,8 @@ def run_real_bench(options: BenchOptions, log: Callable[[str], None] = lambda m:
     if note:
         run["notes"].append(note)
     turns = [len(t.turns) for t in trajectories]
-    run.update(model=checkpoint.name, checkpoint=str(checkpoint), parameters=params, input=options.input,
+    run.update(model=checkpoint.name, checkpoint=str(checkpoint), parameters=params,
+               input=options.input or "long workload", **({} if options.input else {"long": asdict(options.long)}),
                T=f"{min(turns)}-{max(turns)}" if min(turns) != max(turns) else turns[0],
                tokens=sum(len(renderer.render(t)) for t in trajectories), epsilon=options.epsilon,
                device=options.device, dtype=options.dtype, scorer_noise=noise,

@@ -1,5 +1,12 @@
-"""Synthetic workloads: N trajectories of T turns whose fields have exact token lengths, built from
-words the tokenizer encodes as one token each; and the checkpoints they run on."""
+"""Synthetic workloads, built from words the tokenizer encodes as one token each, so every field has
+an exact token length; and the checkpoints they run on.
+
+- `Workload` (`race bench scoring`, the default): N trajectories of T turns, every field the same length.
+- `LongWorkload` (`--workload long`): episodes of the shapes real agents write (SWE-agent, ALFWorld
+  and web agents run 10-50 turns): each trajectory draws its turn count, and each turn its
+  observation, reasoning and action lengths, from ranges (reasoning may be empty: a turn that only
+  acts is no candidate); turns stop where the rendering would pass the model's context.
+"""
 
 from __future__ import annotations
 
@@ -24,6 +31,20 @@ class Workload:
     reasoning_tokens: int = 40
     action_tokens: int = 10
     observation_tokens: int = 20
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class LongWorkload:
+    """N episodes; each draws its turns, and each turn its field lengths, uniformly from these inclusive ranges."""
+
+    n: int = 16
+    turns: tuple[int, int] = (5, 40)
+    observation_tokens: tuple[int, int] = (20, 400)
+    reasoning_tokens: tuple[int, int] = (0, 150)
+    action_tokens: tuple[int, int] = (5, 30)
+    question_tokens: int = 48
+    max_tokens: int = 0  # the rendering's cap (0: the model's context, given to `long_trajectories`)
     seed: int = 0
 
 
@@ -68,3 +89,34 @@ def iter_synthetic(renderer: Renderer, workload: Workload) -> Iterator[Trajector
 
 def synthetic_trajectories(renderer: Renderer, workload: Workload) -> list[Trajectory]:
     return list(iter_synthetic(renderer, workload))
+
+
+def long_trajectories(renderer: Renderer, workload: LongWorkload, context: int) -> list[Trajectory]:
+    """The long workload's episodes (deterministic from its seed). An episode is cut to the turns whose
+    rendering fits `workload.max_tokens` or else `context` (the model's); one that cannot keep two
+    turns is an error naming the cap (a workload too long for the model)."""
+    words = single_token_words(renderer)
+    rng = random.Random(f"bench-scoring-long:{workload.seed}")
+    cap = workload.max_tokens or context
+
+    def text(tokens: int) -> str:
+        return "".join(rng.choice(words) for _ in range(tokens))
+
+    out = []
+    for i in range(workload.n):
+        turns = [Turn(reasoning=text(rng.randint(*workload.reasoning_tokens)),
+                      action=text(rng.randint(*workload.action_tokens)),
+                      observation=text(rng.randint(*workload.observation_tokens)))
+                 for _ in range(rng.randint(*workload.turns))]
+        question = f"Task{i}:" + text(workload.question_tokens)
+        while True:
+            trajectory = Trajectory(question=question, environment="bench", source_revision="bench-scoring-long",
+                                    turns=tuple(turns))
+            if len(renderer.render(trajectory)) <= cap:
+                break
+            if len(turns) <= 2:
+                raise ValueError(f"long workload: episode {i} does not fit {cap} tokens in two turns; "
+                                 "lower the field lengths or raise --max-tokens")
+            turns.pop()
+        out.append(trajectory)
+    return out

@@ -25,7 +25,7 @@ from bench.scoring import (
     decision_mix_note,
     run_bench,
 )
-from bench.workload import Workload, synthetic_trajectories
+from bench.workload import LongWorkload, Workload, long_trajectories, synthetic_trajectories
 from race_core.render import OBSERVATION_PREFIX, Renderer
 
 OPTIONS = dict(models=("tiny",), turns=(3,), workload=Workload(n=4), batch_size=4, naive_subset=0, vllm="off",
@@ -61,6 +61,40 @@ def test_synthetic_fields_have_exact_token_lengths(tiny_policy):
             assert len(renderer.encode(turn.action)) == 3
             obs = renderer.encode(OBSERVATION_PREFIX + turn.observation)
             assert len(obs) - len(renderer.encode(OBSERVATION_PREFIX)) == 4
+
+
+def test_the_long_workload_draws_agent_shaped_episodes_that_fit_the_context(tiny_policy):
+    renderer = Renderer(tiny_policy[1])
+    workload = LongWorkload(n=6, turns=(5, 12), observation_tokens=(20, 80), reasoning_tokens=(0, 30),
+                            action_tokens=(3, 8))
+    episodes = long_trajectories(renderer, workload, context=100_000)
+    assert episodes == long_trajectories(renderer, workload, context=100_000)  # deterministic from the seed
+    turns = [t for e in episodes for t in e.turns]
+    assert all(5 <= len(e.turns) <= 12 for e in episodes) and len({len(e.turns) for e in episodes}) > 1
+    # each field's length is drawn per turn from its range (the words are one token each)
+    for field, (low, high) in (("reasoning", (0, 30)), ("action", (3, 8)), ("observation", (20, 80))):
+        lengths = [len(getattr(t, field).split()) for t in turns]
+        assert low <= min(lengths) and max(lengths) <= high and len(set(lengths)) > 3, field
+    assert any(not t.reasoning for t in turns)  # a turn that only acts is no candidate
+    # cut to the context: the turns kept are a prefix of the episode drawn, within the cap
+    cap = 600
+    cut = long_trajectories(renderer, workload, context=cap)
+    assert all(len(renderer.render(e)) <= cap for e in cut)
+    assert all(c.turns == e.turns[:len(c.turns)] for c, e in zip(cut, episodes, strict=True))
+    assert sum(len(e.turns) for e in cut) < len(turns)
+    with pytest.raises(ValueError, match="episode 0 does not fit 50 tokens in two turns"):
+        long_trajectories(renderer, workload, context=50)
+
+
+def test_the_long_workload_runs_every_method_to_the_same_decisions(tiny_checkpoint):
+    long = LongWorkload(n=2, turns=(5, 7), observation_tokens=(20, 60), reasoning_tokens=(0, 40),
+                        action_tokens=(3, 8))
+    report = run_bench(BenchOptions(models=("tiny",), long=long, batch_size=4, naive_subset=1, vllm="off",
+                                    demo_data=0, early_reject=False, cache_dir=str(tiny_checkpoint.parent)))
+    (run,) = report["runs"]
+    assert run["workload"] == "long" and run["N"] == 2 and run["decisions_identical"]
+    low, high = map(int, run["T"].split("-"))
+    assert 5 <= low <= high <= 7 and run["tokens"] > 0
 
 
 def test_naive_scorer_matches_the_hf_scorer(tiny_policy, expert_trajectories):
@@ -231,7 +265,7 @@ def test_real_checkpoint_bench_refuses_an_input_with_nothing_to_score(tiny_check
     missing = tmp_path / "missing.jsonl"
     with pytest.raises(FileNotFoundError, match=re.escape(f"--input '{missing}': no such file")):
         run_bench(BenchOptions(checkpoint=str(tiny_checkpoint), input=str(missing), vllm="off"))
-    with pytest.raises(ValueError, match="--checkpoint and --input go together"):
+    with pytest.raises(ValueError, match="--checkpoint goes with --input FILE.jsonl or --workload long"):
         run_bench(BenchOptions(checkpoint=str(tiny_checkpoint), vllm="off"))
 
 
