@@ -80,6 +80,7 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                         f"pipeline's scoring default, {Resources.batch_size})")
     p.add_argument("--naive-subset", type=int, default=BenchOptions.naive_subset,
                    help="time naive on the first K trajectories and scale to N (0 = all)")
+    p.add_argument("--no-naive", action="store_true", help="skip the naive method (hours on long episodes)")
     p.add_argument("--full-forward-subset", type=int, default=BenchOptions.full_forward_subset, help="same for full-forward (0 = all)")
     p.add_argument("--repeats", type=int, default=BenchOptions.repeats,
                    help="run hf, hf+early-reject and full-forward this many times, report the fastest")
@@ -110,7 +111,7 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
                         seed=args.seed)
     return BenchOptions(models=tuple(args.models), turns=SWEEP_TURNS if args.sweep else tuple(args.turns),
                         workload=workload, long=long, batch_size=args.batch_size, naive_subset=args.naive_subset,
-                        full_forward_subset=args.full_forward_subset, vllm=args.vllm,
+                        full_forward_subset=args.full_forward_subset, naive=not args.no_naive, vllm=args.vllm,
                         early_reject=not args.no_early_reject, epsilon=args.epsilon, cache_dir=args.cache_dir,
                         demo_data=args.demo_data, checkpoint=args.checkpoint, input=args.input, limit=args.limit,
                         device=args.device, dtype=args.dtype, repeats=args.repeats, profile=args.profile)

@@ -12,6 +12,11 @@ def format_comparison(comparison: dict[str, Any]) -> str:
     return f"{', '.join(parts)} vs {comparison['reference']}"
 
 
+def _times(ratio: float | None, digits: int = 2) -> str:
+    """A ratio as `3.1x`, or n/a (a method that did not run: naive with --no-naive)."""
+    return "n/a" if ratio is None else f"{ratio:.{digits}f}x"
+
+
 def format_table(run: dict[str, Any]) -> str:
     bound = run["bound"]
     lines = [f"### model {run['model']} ({run['parameters'] / 1e6:.1f}M params), N={run['N']}, T={run['T']}, "
@@ -22,10 +27,10 @@ def format_table(run: dict[str, Any]) -> str:
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for m in run["methods"]:
         name = m["name"] + (f" (measured on {m['measured_on']}, scaled)" if m["measured_on"] < run["N"] else "")
-        cpu = (f"{m['cpu_s']:.2f} | {m['speedup_vs_naive_cpu']:.1f}x | {m['cpu_vs_bound']:.2f}x"
+        cpu = (f"{m['cpu_s']:.2f} | {_times(m['speedup_vs_naive_cpu'], 1)} | {m['cpu_vs_bound']:.2f}x"
                if m["cpu_s"] is not None else "n/a | n/a | n/a")
         lines.append(f"| {name} | {m['wall_s']:.2f} | {m['tokens_processed']:,} | {m['tokens_per_s']:,.0f} | "
-                     f"{m['speedup_vs_naive']:.1f}x | {m['time_vs_bound']:.2f}x | {cpu} |")
+                     f"{_times(m['speedup_vs_naive'], 1)} | {m['time_vs_bound']:.2f}x | {cpu} |")
     lines.append(f"| work bound | {bound['wall_s']:.2f} | {bound['tokens']:,} | {bound['forward_tokens_per_s']:,.0f} "
                  f"(raw forward) | | 1.00x | {bound['cpu_s']:.2f} | | 1.00x |")
     lines += ["", format_work(run), "", head_note(run)]
@@ -73,7 +78,7 @@ def format_real_table(run: dict[str, Any]) -> str:
         cpu = f"{m['cpu_s']:.2f} | {m['cpu_vs_bound']:.2f}x" if m["cpu_s"] is not None else "n/a | n/a"
         mix = f"{m['accepted_removals']} / {m['candidates']}" + (f" (on {m['measured_on']})" if scaled else "")
         lines.append(f"| {name} | {m['wall_s']:.2f} | {m['tokens_processed']:,} | {m['tokens_vs_bound']:.2f}x | "
-                     f"{m['time_vs_bound']:.2f}x | {cpu} | {m['speedup_vs_naive']:.1f}x | {mix} |")
+                     f"{m['time_vs_bound']:.2f}x | {cpu} | {_times(m['speedup_vs_naive'], 1)} | {mix} |")
     lines.append(f"| work bound | {bound['wall_s']:.2f} | {bound['tokens']:,} | 1.00x | 1.00x | {bound['cpu_s']:.2f} "
                  f"| 1.00x | | |")
     lines += ["", format_work(run), ""]

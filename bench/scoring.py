@@ -69,6 +69,7 @@ class BenchOptions:
     long: LongWorkload | None = None  # --workload long: these episodes instead of `workload` and `turns`
     batch_size: int = 64
     naive_subset: int = 8  # naive is timed on the first k trajectories and scaled (0 = all)
+    naive: bool = True  # False (--no-naive): skip it (on long episodes one trajectory takes it minutes to hours)
     full_forward_subset: int = 0
     vllm: str = "auto"  # auto | on | off
     early_reject: bool = True
@@ -234,14 +235,17 @@ def bench_methods(tag: str, checkpoint: Path, model, tokenizer, renderer: Render
     runs.append(after_throughput(lambda: fastest_run(repeats, lambda: run_method(
         "full-forward", scorer(batch_size=1, prefix_reuse=False), trajectories[:k], n, options.epsilon))))
     k = options.naive_subset or n
-    runs.append(after_throughput(lambda: run_method("naive", NaiveScorer(model, renderer), trajectories[:k], n,
-                                                    options.epsilon)))
+    if options.naive:
+        runs.append(after_throughput(lambda: run_method("naive", NaiveScorer(model, renderer), trajectories[:k], n,
+                                                        options.epsilon)))
     notes = []
     use_vllm = options.vllm == "on" or (options.vllm == "auto" and vllm_available())
     if use_vllm:
         runs.append(after_throughput(lambda: _vllm_run(checkpoint, trajectories, n, options, vllm_device)))
     else:
         notes.append("vllm skipped: " + ("--vllm off" if options.vllm == "off" else "vllm is not importable"))
+    if not options.naive:
+        notes.append("naive skipped: --no-naive")
     comparison = compare_decisions(runs[0], runs[1:])
     identical = check_identical(comparison)
     profiled = {}
@@ -258,16 +262,16 @@ def bench_methods(tag: str, checkpoint: Path, model, tokenizer, renderer: Render
     bound_wall, bound_cpu = bound / throughput, bound / cpu_throughput
     head_rate = head_throughput(model)
     head_wall = targets / head_rate
-    naive = next(r for r in runs if r.name == "naive")
+    naive = next((r for r in runs if r.name == "naive"), None)
     methods = []
     for run in runs:
         method = {"name": run.name, "wall_s": run.wall_s, "tokens_processed": run.tokens_processed,
                   "tokens_per_s": run.tokens_processed / run.wall_s if run.wall_s else None,
-                  "speedup_vs_naive": naive.wall_s / run.wall_s if run.wall_s else None,
+                  "speedup_vs_naive": naive.wall_s / run.wall_s if naive and run.wall_s else None,
                   "time_vs_bound": run.wall_s / bound_wall if bound_wall else None,
                   "time_vs_bound_with_head": run.wall_s / (bound_wall + head_wall) if bound_wall else None,
                   "tokens_vs_bound": run.tokens_processed / bound if bound else None,
-                  "cpu_s": run.cpu_s, "speedup_vs_naive_cpu": naive.cpu_s / run.cpu_s if run.cpu_s else None,
+                  "cpu_s": run.cpu_s, "speedup_vs_naive_cpu": naive.cpu_s / run.cpu_s if naive and run.cpu_s else None,
                   "cpu_vs_bound": run.cpu_s / bound_cpu if run.cpu_s and bound_cpu else None,
                   "measured_on": run.measured_on, "accepted_removals": accepted_removals(run.results),
                   "candidates": candidate_count(run.results), "work": run.work,

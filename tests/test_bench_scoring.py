@@ -89,10 +89,12 @@ def test_the_long_workload_draws_agent_shaped_episodes_that_fit_the_context(tiny
 def test_the_long_workload_runs_every_method_to_the_same_decisions(tiny_checkpoint):
     long = LongWorkload(n=2, turns=(5, 7), observation_tokens=(20, 60), reasoning_tokens=(0, 40),
                         action_tokens=(3, 8))
-    report = run_bench(BenchOptions(models=("tiny",), long=long, batch_size=4, naive_subset=1, vllm="off",
+    report = run_bench(BenchOptions(models=("tiny",), long=long, batch_size=4, naive=False, vllm="off",
                                     demo_data=0, early_reject=False, cache_dir=str(tiny_checkpoint.parent)))
     (run,) = report["runs"]
     assert run["workload"] == "long" and run["N"] == 2 and run["decisions_identical"]
+    assert [m["name"] for m in run["methods"]] == ["hf", "full-forward"]  # naive skipped (--no-naive): said so
+    assert "naive skipped: --no-naive" in run["notes"] and "| n/a |" in format_table(run)
     low, high = map(int, run["T"].split("-"))
     assert 5 <= low <= high <= 7 and run["tokens"] > 0
 
