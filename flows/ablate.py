@@ -134,9 +134,9 @@ def _metrics(evaluated: dict[str, Any], policy: PolicyRef | dict[str, Any]) -> d
 
 @task(name="epsilon-sweep", **RETRY, tags=["gpu"], cache_policy=NO_CACHE)
 def sweep_task(config: PipelineConfig, epsilons: tuple[float, ...], out: str, home: str) -> dict[str, Any]:
-    """The cover at every ε on the inputs (`tasks.sweep`: scores shared, each ε's cover stored under its
+    """The cover at every ε on the inputs (`flows.sweep`: scores shared, each ε's cover stored under its
     key), and the ε the run takes (`choose_epsilon`)."""
-    from tasks.sweep import choose_epsilon, run_sweep
+    from flows.sweep import choose_epsilon, run_sweep
 
     logger = get_run_logger()
     sweep = run_sweep(config, epsilons, out_dir=Path(out), home=Path(home), log=logger.info)
@@ -157,7 +157,7 @@ def race_ablate(home: str = ".race", out: str = "runs/ablate", seeds: tuple[int,
     The policy: `config.checkpoint`, made a calculator policy first by `bootstrap` when given (a chat
     checkpoint, `race_core.train.checkpoint_bootstrap`), else the kinds bootstrap policy. The inputs:
     `config.inputs`, else the policy's own successful episodes of `input_tasks` training tasks of
-    the RL's shape and difficulty (`config.rl`). ε: with several `epsilons`, a sweep on the inputs chooses (`tasks.sweep.choose_epsilon`),
+    the RL's shape and difficulty (`config.rl`). ε: with several `epsilons`, a sweep on the inputs chooses (`flows.sweep.choose_epsilon`),
     else the one given (`epsilons` or `config.cover.epsilon`)."""
     from tasks.ablation import write_ablation
 

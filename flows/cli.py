@@ -225,8 +225,8 @@ def cmd_validate(args) -> int:
 
 
 def cmd_cover(args) -> int:
-    from tasks.local import run_cover
-    from tasks.sweep import check_epsilons, run_sweep
+    from flows.cover import run_cover
+    from flows.sweep import check_epsilons, run_sweep
 
     config = replace(config_from_args(PipelineConfig(store=str(Path(args.home) / "store")), args),
                      stages=COVER_STAGES)
@@ -308,9 +308,9 @@ def cmd_ablate(args) -> int:
 
 
 def cmd_report(args) -> int:
+    from report.markdown import write_report
     from storage import ArtifactStore, read_dataset
     from storage.parquet import read_dataset_from_store
-    from tasks.report import write_report
 
     summary_path = Path(args.summary)
     summary = json.loads(summary_path.read_text())

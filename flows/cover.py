@@ -21,10 +21,10 @@ from race_core.decisions import cross_turn_text
 from race_core.policy import checkpoint_digest
 from race_core.scoring import Scorer
 from race_core.tiny import TINY, ensure_checkpoint
+from report.markdown import write_report
 from storage import ArtifactStore, CorruptObjectError, MissingObjectError
 from storage.parquet import read_dataset, write_from_store
 from tasks import stages
-from tasks.report import write_report
 from tasks.summary import summarize
 
 DEMO_DATASET_SIZE = 24

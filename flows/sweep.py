@@ -1,6 +1,6 @@
 """What each ε would do on the user's data (`race cover --epsilon E1 E2 ...`), before any training.
 
-For every ε the cover stages run exactly as `race cover --epsilon E` runs them (`tasks.local.run_cover`:
+For every ε the cover stages run exactly as `race cover --epsilon E` runs them (`flows.cover.run_cover`:
 the same stage keys, so each ε's decisions are stored under its own key and a rerun computes
 nothing), in this one process, with one scorer whose scores are shared across ε by request content
 (`race_core.scoring.cache`): the baseline of every trajectory and every candidate that an earlier ε
@@ -24,13 +24,13 @@ from typing import Any
 
 import pandas as pd
 
+from flows.cover import run_cover, with_defaults
 from race_core.config import PipelineConfig, replace
 from race_core.scoring import Scorer, ScorerStats
 from race_core.scoring.cache import CachingScorer, ScoreMemory
+from report.markdown import _pyplot
+from report.page import write_sweep_page
 from storage.parquet import read_dataset
-from tasks.local import run_cover, with_defaults
-from tasks.report import _pyplot
-from tasks.report_html import write_sweep_page
 from tasks.stages import cover_scorer
 
 DROP_QUANTILES = (0.1, 0.5, 0.9)
@@ -122,7 +122,7 @@ def sweep_row(epsilon: float, summary: dict[str, Any], decisions: pd.DataFrame) 
 
 def write_sweep(out_dir: Path, result: dict[str, Any]) -> dict[str, Path]:
     """The sweep's JSON, table, plot and `report.html` (the table, and each ε's decisions on the same
-    trajectories, one ε at a time: `tasks.report_html`) in `out_dir`, beside the `eps-<ε>/` folders."""
+    trajectories, one ε at a time: `report.page`) in `out_dir`, beside the `eps-<ε>/` folders."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": out_dir / "epsilon_sweep.json", "markdown": out_dir / "epsilon_sweep.md",
              "plot": out_dir / "epsilon_sweep.png"}

@@ -2,7 +2,7 @@
 
 Plots: reasoning tokens per episode and success rate by stage (before / after SFT / after RL),
 deletion rate by turn index, and the distribution of the cover's likelihood drops against ε.
-`report.html` (`tasks.report_html`) is the same report as one self-contained page, with the
+`report.html` (`report.page`) is the same report as one self-contained page, with the
 decisions explorer over the run's trajectories; `store_report` puts it in the artifact store.
 """
 
@@ -15,8 +15,8 @@ from typing import Any
 import pandas as pd
 
 from race_core.decisions import cross_turn_text
+from report.page import write_run_page
 from storage.store import ArtifactStore, sha256_bytes
-from tasks.report_html import write_run_page
 
 EVAL_STAGES = ("before", "after_sft_none", "after_sft", "after_rl")
 STAGE_NAMES = {"before": "before", "after_sft_none": "after SFT, no removal", "after_sft": "after SFT, RACE",

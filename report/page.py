@@ -198,7 +198,7 @@ def _decision_entries(decisions: pd.DataFrame, ids: set[str]) -> dict[str, list[
 
 # -- the page --------------------------------------------------------------------------------------
 def _asset(name: str) -> str:
-    return resources.files("tasks").joinpath("report_assets", name).read_text(encoding="utf-8")
+    return resources.files("report").joinpath("assets", name).read_text(encoding="utf-8")
 
 
 def script_json(data: Any) -> str:

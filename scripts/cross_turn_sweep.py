@@ -9,7 +9,7 @@ cover at every ε twice, as RACE and local-only (`race cover --epsilon ... [--lo
 so a rerun computes nothing), and writes `cross_turn.json` and `cross_turn.md`: per ε, the removal
 share of each, RACE's candidates rejected only by a later action, the share of local-only's
 accepted removals RACE rejected on the same trajectories, the removals by reasoning kind, and the ε
-that `race ablate`'s rule (`tasks.sweep.choose_epsilon`) takes from the sweep.
+that `race ablate`'s rule (`flows.sweep.choose_epsilon`) takes from the sweep.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.run([sys.executable, "-m", "flows.cli", "cover", "--input", str(inputs), "--checkpoint",
                             args.checkpoint, "--store", store, "--out", str(out / arm), "--epsilon",
                             *map(str, args.epsilon), *extra], check=True, stdout=subprocess.DEVNULL)
-    from tasks.sweep import choose_epsilon
+    from flows.sweep import choose_epsilon
 
     rows = [_row(out, epsilon) for epsilon in sorted(args.epsilon)]
     chosen, why = choose_epsilon([{"epsilon": r["epsilon"], "removal_share": r["removal_share"]["race"]} for r in rows])
@@ -71,10 +71,10 @@ def main(argv: list[str] | None = None) -> int:
 def _row(out: Path, epsilon: float) -> dict:
     import pandas as pd
 
+    from flows.sweep import epsilon_folder
     from race_core.ablation import removed_by_kind
     from race_core.decisions import cross_turn_figure, local_accepted_race_rejected
     from race_core.schema import read_jsonl
-    from tasks.sweep import epsilon_folder
 
     originals, _ = read_jsonl([str(out / "inputs.jsonl")])
     arms = {}

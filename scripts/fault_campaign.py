@@ -196,8 +196,8 @@ def _campaign(args, rng: random.Random, work: Path, logs: Path, base: str, endpo
     print(f"work: {work} (seed {args.seed}, kills {args.kills}, store {base}{f' at {endpoint}' if endpoint else ''}, "
           f"race {args.command})", flush=True)
 
+    from flows.cover import demo_inputs
     from race_core.tiny import TINY, ensure_checkpoint
-    from tasks.local import demo_inputs
 
     home = work / "home"
     checkpoint = ensure_checkpoint(home / "checkpoints", TINY)

@@ -15,11 +15,11 @@ from typing import Any
 from race_core.ablation import ARMS, derived_removal, phases_of, removed_by_kind
 from race_core.config import CoverConfig
 from race_core.decisions import cross_turn_text
+from report.markdown import rl_table
+from report.page import write_page
 from storage import ArtifactStore
 from storage.parquet import iter_rows_from_store
 from tasks.policy_ref import PolicyRef
-from tasks.report import rl_table
-from tasks.report_html import write_page
 from tasks.stages import Log, _quiet, iter_trajectories, run_stage, write_compressed
 
 METRICS = ("success_rate", "reasoning_tokens_per_episode")
@@ -111,7 +111,7 @@ _PHASE_NAMES = {"rl": "cover-aware RL", "grpo": "GRPO"}  # grpo+lp<λ>: GRPO wit
 
 
 def plot_ablation(result: dict[str, Any], path: Path) -> Path | None:
-    from tasks.report import _pyplot
+    from report.markdown import _pyplot
 
     if not result["arms"]:
         return None

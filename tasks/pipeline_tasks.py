@@ -145,8 +145,8 @@ def record_part_task(store_url: str, compressed_digest: str, ids: list[str], mod
 def report_task(store_url: str, summary: dict[str, Any], report_dir: str, cover: CoverConfig) -> dict[str, str]:
     """report.md, plots, summary.json and report.html in `report_dir`, also attached to the flow run;
     report.html is put in the store too, and the run links to it there."""
+    from report.markdown import store_report, write_report
     from storage import read_dataset_from_store
-    from tasks.report import store_report, write_report
 
     store = ArtifactStore(store_url)
     decisions_digest = summary.get("objects", {}).get("decisions")

@@ -135,7 +135,7 @@ def prefect_api(prefect_harness):
 
 @pytest.fixture
 def demo_inputs(tmp_path):
-    from tasks.local import demo_inputs
+    from flows.cover import demo_inputs
 
     return demo_inputs(tmp_path / "home", n=8, seed=11)
 

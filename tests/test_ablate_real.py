@@ -10,7 +10,7 @@ import json
 import pytest
 
 from flows.ablate import PRESETS, preset_for
-from tasks.sweep import choose_epsilon
+from flows.sweep import choose_epsilon
 
 EPS = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
 

@@ -28,9 +28,9 @@ def covered(tmp_path_factory, tiny_checkpoint):
 
 
 def test_compressed_parquet_matches_the_input_and_the_decisions(covered, tiny_checkpoint):
+    from flows.cover import demo_inputs
     from race_core.policy import load_tokenizer
     from race_core.schema import read_jsonl
-    from tasks.local import demo_inputs
 
     home, out, summary = covered
     inputs = demo_inputs(home)

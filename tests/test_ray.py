@@ -43,7 +43,7 @@ def _needs_ray():
 @pytest.fixture(scope="module")
 def one_process(tiny_checkpoint, tmp_path_factory):
     """The cover in this process (the local executor), on its own store."""
-    from tasks.local import demo_inputs
+    from flows.cover import demo_inputs
 
     _needs_ray()
     home = tmp_path_factory.mktemp("ray-baseline")

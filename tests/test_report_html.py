@@ -19,11 +19,11 @@ import pandas as pd
 import pytest
 
 from flows.cli import main
+from flows.cover import demo_inputs
+from flows.sweep import epsilon_folder
+from report.page import SampleLimits, explorer_data, script_json, stored_inputs, write_page
 from storage import ArtifactStore
 from storage.parquet import iter_rows_from_store
-from tasks.local import demo_inputs
-from tasks.report_html import SampleLimits, explorer_data, script_json, stored_inputs, write_page
-from tasks.sweep import epsilon_folder
 
 CHROMIUM = os.environ.get("RACE_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -163,7 +163,7 @@ def test_hostile_text_is_shown_as_text_and_never_run(sweep, page):
 
 
 def test_a_single_run_page_and_its_store_copy_open_from_disk(sweep, page, tmp_path):
-    from tasks.report import store_report
+    from report.markdown import store_report
 
     out, store = sweep
     folder = out / epsilon_folder(LOW)

@@ -116,7 +116,7 @@ def _tail(path: Path, n: int = 4000) -> str:
 @pytest.fixture(scope="module")
 def baseline(tiny_checkpoint, tmp_path_factory):
     """The one-process cover (no Prefect) of the same input at the same shard size."""
-    from tasks.local import demo_inputs
+    from flows.cover import demo_inputs
 
     home = tmp_path_factory.mktemp("baseline")
     inputs = demo_inputs(home, n=8, seed=11)

@@ -96,7 +96,7 @@ async def deployment(name):
 def test_served_deployments_run_from_the_api(served, tiny_checkpoint):
     from prefect.deployments import run_deployment
 
-    from tasks.local import demo_inputs
+    from flows.cover import demo_inputs
 
     api, root, serve_log = served
     inputs = demo_inputs(root / "home", n=8, seed=11)  # inside the served roots

@@ -128,7 +128,7 @@ def test_a_second_writer_of_a_shard_is_dropped(ingested):
 @pytest.fixture
 def many(tmp_path):
     """1280 trajectories ingested: 20 row groups of 64 rows (`tasks.base.TRAJECTORY_ROW_GROUP`)."""
-    from tasks.local import demo_inputs
+    from flows.cover import demo_inputs
 
     store = ArtifactStore(tmp_path / "store")
     manifest = stages.ingest(store, demo_inputs(tmp_path / "home", n=1280, seed=3))

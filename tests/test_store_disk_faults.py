@@ -43,7 +43,7 @@ ENOSPC = "No space left on device (ENOSPC)"
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, tiny_checkpoint):
     """A folder every user may read (pytest's own is 0700): the checkpoint and the inputs, copied."""
-    from tasks.local import demo_inputs
+    from flows.cover import demo_inputs
 
     root = Path(tempfile.mkdtemp(prefix="race-faults-"))
     root.chmod(0o755)

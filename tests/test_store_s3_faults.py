@@ -93,7 +93,7 @@ def test_a_store_that_keeps_failing_is_given_up_after_bounded_tries_in_one_line(
 @pytest.fixture(scope="module")
 def clean_cover(tmp_path_factory, tiny_checkpoint):
     """`race cover` into a local store: the results (content-addressed digests) an S3 run must equal."""
-    from tasks.local import demo_inputs
+    from flows.cover import demo_inputs
 
     root = tmp_path_factory.mktemp("clean")
     inputs = demo_inputs(root, n=8, seed=11)

@@ -14,10 +14,10 @@ import pandas as pd
 import pytest
 
 from flows.cli import main
+from flows.cover import demo_inputs, run_cover
+from flows.sweep import epsilon_folder
 from race_core.config import PipelineConfig, replace
-from tasks.local import demo_inputs, run_cover
 from tasks.stages import cover_scorer
-from tasks.sweep import epsilon_folder
 
 EPSILONS = (0.0002, 0.001, 0.01)
 # |a swept drop - the same drop in a separate run|: the sweep scores a candidate once for every ε, in

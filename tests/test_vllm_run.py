@@ -25,7 +25,7 @@ def race_run(backend, inputs, checkpoint, store, home, api):
 
 
 def test_vllm_and_hf_runs_make_the_same_decisions(tiny_checkpoint, tmp_path, prefect_api):
-    from tasks.local import demo_inputs
+    from flows.cover import demo_inputs
 
     require_vllm()  # promised: fails under CI=true where it is missing
     inputs = demo_inputs(tmp_path / "home")  # the demo-sized calculator dataset of `race cover`

@@ -1,4 +1,4 @@
-// The decisions explorer of report.html. It reads the JSON that tasks/report_html.py embeds
+// The decisions explorer of report.html. It reads the JSON that report/page.py embeds
 // (explorer_data) and builds every element from it with textContent: no text of a trajectory is
 // ever parsed as HTML.
 "use strict";
