@@ -4,6 +4,7 @@ on synthetic workloads or (`--checkpoint DIR --input FILE.jsonl`) a real model o
 `race bench compare A B`: two records side by side. `race bench table RECORD...`: the README's
 performance table from records.
 `race bench rendering`: the tokenizer's own ids vs segment-wise ids on a real checkpoint.
+`race bench dtypes --checkpoint DIR`: the cover in float32 and bfloat16 (`bench.dtypes`).
 
 `add_bench_parser(subparsers)` adds it to the `race` command; `main` is `scripts/bench_scoring.py`.
 """
@@ -41,6 +42,13 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     r = bench_sub.add_parser("rendering", help="canonical vs segment-wise token ids on a real checkpoint")
     add_arguments(r)
     r.set_defaults(func=cmd_bench_rendering)
+    from bench.dtypes import add_arguments as add_dtypes_arguments
+    from bench.dtypes import cmd_bench_dtypes
+
+    d = bench_sub.add_parser("dtypes", help="the cover in float32 and bfloat16 on one checkpoint: speed, noise, "
+                             "drift of the drops and decisions against ε")
+    add_dtypes_arguments(d)
+    d.set_defaults(func=cmd_bench_dtypes)
     c = bench_sub.add_parser("compare", help="two benchmark records (bench/results/*.json) side by side")
     c.add_argument("a", metavar="A.json")
     c.add_argument("b", metavar="B.json")

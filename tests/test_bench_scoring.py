@@ -397,3 +397,28 @@ def test_the_table_groups_records_by_cpu_and_its_matrix_extensions():
     machines = [line.split(" | ")[1] for line in text.splitlines() if line.startswith("| [")]
     assert machines == sorted(machines) and set(machines) == {"M1", "M2"}  # M1's rows, then M2's
     assert [line.split(" | ")[0] for line in text.splitlines() if " | M2 | " in line] == ["| [3]"] * machines.count("M2")
+
+
+def test_the_dtypes_bench_compares_each_dtype_with_the_reference_on_the_same_episodes(tiny_checkpoint):
+    """`race bench dtypes` on the tiny model: the reference (float32) against itself is exact; bfloat16's
+    drift, decisions and fitness are computed against it, and the CPU's matrix extensions are named."""
+    from bench.dtypes import FIT_MARGIN, format_dtypes, run_dtypes
+    from race_core.cpu import cpu_facts
+    from race_core.policy import load_tokenizer
+
+    renderer = Renderer(load_tokenizer(tiny_checkpoint))
+    episodes = long_trajectories(renderer, LongWorkload(n=2, turns=(3, 4), observation_tokens=(10, 30),
+                                                        reasoning_tokens=(5, 20), action_tokens=(3, 6)), 4096)
+    report = run_dtypes(str(tiny_checkpoint), episodes, ("float32", "bfloat16"), (0.3, 1e-3), batch_size=4)
+    reference, bf16 = report["runs"]
+    assert report["cpu"] == cpu_facts() and report["reference"] == "float32"
+    assert reference["forward_speedup"] == 1.0
+    for cover in reference["covers"]:
+        assert cover["decisions_equal"] and cover["drift"] == 0.0 and cover["speedup"] == 1.0
+        assert cover["drift_compared"] == cover["candidates"] > 0
+    for cover in bf16["covers"]:
+        assert cover["drift"] > 0.0  # bfloat16 rounds the scores: its drops move
+        assert cover["fit"] == (cover["decisions_equal"] and cover["drift"] <= cover["epsilon"] / FIT_MARGIN
+                                and bf16["noise"] <= cover["epsilon"] / FIT_MARGIN)
+    table = format_dtypes(report)
+    assert table.count("| bfloat16 |") == 2 and cpu_facts()["model"] in table
