@@ -5,6 +5,7 @@ on synthetic workloads or (`--checkpoint DIR --input FILE.jsonl`) a real model o
 performance table from records.
 `race bench rendering`: the tokenizer's own ids vs segment-wise ids on a real checkpoint.
 `race bench dtypes --checkpoint DIR`: the cover in float32 and bfloat16 (`bench.dtypes`).
+`race bench sampling --checkpoint DIR`: episodes played by transformers and by vLLM (`bench.sampling`).
 
 `add_bench_parser(subparsers)` adds it to the `race` command; `main` is `scripts/bench_scoring.py`.
 """
@@ -49,6 +50,13 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                              "drift of the drops and decisions against ε")
     add_dtypes_arguments(d)
     d.set_defaults(func=cmd_bench_dtypes)
+    from bench.sampling import add_arguments as add_sampling_arguments
+    from bench.sampling import cmd_bench_sampling
+
+    s = bench_sub.add_parser("sampling", help="the same episodes played by the transformers sampler and by vLLM's: "
+                             "start, play time and generated tokens per second")
+    add_sampling_arguments(s)
+    s.set_defaults(func=cmd_bench_sampling)
     c = bench_sub.add_parser("compare", help="two benchmark records (bench/results/*.json) side by side")
     c.add_argument("a", metavar="A.json")
     c.add_argument("b", metavar="B.json")

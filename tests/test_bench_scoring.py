@@ -422,3 +422,39 @@ def test_the_dtypes_bench_compares_each_dtype_with_the_reference_on_the_same_epi
                                 and bf16["noise"] <= cover["epsilon"] / FIT_MARGIN)
     table = format_dtypes(report)
     assert table.count("| bfloat16 |") == 2 and cpu_facts()["model"] in table
+
+
+def test_the_sampling_bench_plays_the_same_tasks_with_each_backend_and_counts_what_they_read(tiny_checkpoint):
+    """`race bench sampling` on the tiny model, the transformers sampler against itself (vLLM's engine is
+    tested in test_vllm_*): greedy decoding plays the same episodes token for token, and the prompt
+    tokens it reports are what the sampler was handed, counted by a recording wrapper around the real
+    sampler (the wrapper only counts)."""
+    from bench.sampling import _prompt_tokens, format_sampling, run_sampling
+    from race_core.envs import get_environment
+    from race_core.envs.agent import AgentPrompt
+    from race_core.rollout import run_rollouts
+    from race_core.sampling import SamplingParams
+    from race_core.sampling.hf import HFSampler
+
+    report = run_sampling(str(tiny_checkpoint), "calculator", tasks=2, samples=1, temperature=0.0, max_new_tokens=8,
+                          max_turns=3, backends=("hf", "hf"), batch_size=4)
+    first, second = report["runs"]
+    assert first["episodes"] == second["episodes"] == 2 and second["episodes_as_reference"] == 2
+    assert first["generated_tokens"] == second["generated_tokens"] > 0 and first["play_speedup"] == 1.0
+    assert first["turns"] >= first["well_formed_turns"] and 2 <= first["turns"] <= 6
+
+    class Recording:  # counts the prompts handed to a real sampler; samples nothing itself
+        def __init__(self, inner):
+            self.inner, self.renderer, self.read = inner, inner.renderer, 0
+
+        def sample(self, prompts, params):
+            self.read += sum(len(p) for p in prompts)
+            return self.inner.sample(prompts, params)
+
+    sampler = Recording(HFSampler.from_pretrained(str(tiny_checkpoint), batch_size=4))
+    env = get_environment("calculator")
+    rollouts = run_rollouts(sampler, sampler.renderer, env.heldout_tasks(2, 0), 1,
+                            SamplingParams(temperature=0.0, max_new_tokens=8), 3, 0,
+                            AgentPrompt.for_renderer(sampler.renderer, env))
+    assert _prompt_tokens(rollouts) == sampler.read == first["prompt_tokens"]
+    assert "| hf |" in format_sampling(report) and "episodes as hf's" in format_sampling(report)
