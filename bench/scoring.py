@@ -8,7 +8,10 @@ the report records what was compared (`decisions_compared`):
                 own forward pass over that turn's whole prefix; no batching, no cache
   full-forward  one forward pass over the whole candidate, no cache, no batching
                 (`HFScorer(batch_size=1, prefix_reuse=False)`)
-  hf            ours: wavefront batching and KV-prefix reuse (`HFScorer`)
+  hf            ours: wavefront batching and KV-prefix reuse (`HFScorer`), prefixes read in place
+                where the model's attention allows (`race_core.scoring.attention`)
+  hf (prefix copied)  the same, each batch's prefixes copied into its cache (the path before in-place
+                reading, and the one a GPU or a sliding-window model takes); run when hf reads in place
   vllm          ours through vLLM (only when vllm is importable)
 
 The work bound is the tokens that must be computed (every trajectory once in full, then for each
@@ -107,7 +110,8 @@ def run_method(name: str, scorer: Scorer, trajectories: Sequence[Trajectory], n_
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     scale = n_total / len(trajectories)
     work = (scorer.stats.work() - before).counts()
-    facts = {k: scorer.stats.extra[k] for k in ("forward_overhead", "overhead_measured", "freed_memory_kept")
+    facts = {k: scorer.stats.extra[k] for k in ("forward_overhead", "overhead_measured", "freed_memory_kept",
+                                               "prefix_in_place")
              if k in scorer.stats.extra}
     return MethodRun(name, wall * scale, cpu * scale, round(work["tokens_processed"] * scale),
                      len(trajectories), results, work=work, scorer_facts=facts)
@@ -231,6 +235,11 @@ def bench_methods(tag: str, checkpoint: Path, model, tokenizer, renderer: Render
         runs.append(after_throughput(lambda: fastest_run(repeats, lambda: run_method(
             "hf+early-reject", scorer(batch_size=options.batch_size), trajectories, n, options.epsilon,
             early_reject=True))))
+    if scorer(batch_size=options.batch_size).in_place:  # the copying path beside it, in the same run
+        logic_cover(short, scorer(batch_size=options.batch_size, prefix_in_place=False), options.epsilon)
+        runs.append(after_throughput(lambda: fastest_run(repeats, lambda: run_method(
+            "hf (prefix copied)", scorer(batch_size=options.batch_size, prefix_in_place=False), trajectories, n,
+            options.epsilon))))
     k = options.full_forward_subset or n
     runs.append(after_throughput(lambda: fastest_run(repeats, lambda: run_method(
         "full-forward", scorer(batch_size=1, prefix_reuse=False), trajectories[:k], n, options.epsilon))))

@@ -93,7 +93,8 @@ def test_the_long_workload_runs_every_method_to_the_same_decisions(tiny_checkpoi
                                     demo_data=0, early_reject=False, cache_dir=str(tiny_checkpoint.parent)))
     (run,) = report["runs"]
     assert run["workload"] == "long" and run["N"] == 2 and run["decisions_identical"]
-    assert [m["name"] for m in run["methods"]] == ["hf", "full-forward"]  # naive skipped (--no-naive): said so
+    # naive skipped (--no-naive): said so; the copying path beside hf, which reads prefixes in place
+    assert [m["name"] for m in run["methods"]] == ["hf", "hf (prefix copied)", "full-forward"]
     assert "naive skipped: --no-naive" in run["notes"] and "| n/a |" in format_table(run)
     low, high = map(int, run["T"].split("-"))
     assert 5 <= low <= high <= 7 and run["tokens"] > 0
@@ -118,7 +119,8 @@ def test_bench_report_structure_and_identical_decisions(report):
     assert run["decisions_identical"] is True
     compared = run["decisions_compared"]
     assert compared["reference"] == "hf"
-    assert [c["method"] for c in compared["methods"]] == ["hf+early-reject", "full-forward", "naive"]
+    assert [c["method"] for c in compared["methods"]] == ["hf+early-reject", "hf (prefix copied)", "full-forward",
+                                                          "naive"]
     for c in compared["methods"]:
         assert (c["trajectories"], c["candidates"], c["identical"]) == (4, run["candidates"], True)
     assert run["candidates"] > 0
@@ -209,10 +211,11 @@ def test_real_checkpoint_bench_makes_the_same_decisions_with_every_method(real_r
     (run,) = report["runs"]
     assert (run["N"], run["input"], run["epsilon"]) == (6, str(data), 0.001)
     assert run["decisions_identical"] is True
-    assert [c["method"] for c in run["decisions_compared"]["methods"]] == ["hf+early-reject", "full-forward", "naive"]
+    assert [c["method"] for c in run["decisions_compared"]["methods"]] == ["hf+early-reject", "hf (prefix copied)",
+                                                                           "full-forward", "naive"]
     assert all(c["identical"] for c in run["decisions_compared"]["methods"])
     methods = {m["name"]: m for m in run["methods"]}
-    assert set(methods) == {"hf", "hf+early-reject", "full-forward", "naive"}
+    assert set(methods) == {"hf", "hf+early-reject", "hf (prefix copied)", "full-forward", "naive"}
     assert methods["naive"]["measured_on"] == 2 and methods["hf"]["measured_on"] == 6
     assert 0 < run["accepted_removals"] < run["candidates"]  # ε 0.001 gives mixed decisions on these
     for name in ("hf", "hf+early-reject", "full-forward"):  # run on all 6: the same mix as hf

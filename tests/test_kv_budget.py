@@ -23,12 +23,14 @@ DROP_TOLERANCE = 1e-6  # float summation order only (see tests/test_cover.py)
 
 
 def tensor_bytes(scorer: HFScorer) -> int:
-    """Bytes of the kept copies counted from the tensors themselves (each segment once, however many
-    copies share it), not from the scorer's own tally."""
+    """Bytes of the memory the kept copies keep alive, counted from the tensors themselves: each
+    storage once, however many segments are views of it and copies share them (a row kept as a view
+    of its forward's keys/values keeps the whole forward's alive), not from the scorer's own tally."""
     store = scorer._prefixes  # the private store: this test checks its bookkeeping against the tensors
     segments = {id(s): s for key in list(store._by_key) for copy in store.get(key) for s, _ in copy.parts}
-    return sum(s.data.nbytes if isinstance(s.data, torch.Tensor) else sum(t.nbytes for kv in s.data for t in kv)
-               for s in segments.values())
+    tensors = [t for s in segments.values()
+               for t in ([s.data] if isinstance(s.data, torch.Tensor) else [t for kv in s.data for t in kv])]
+    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
 
 
 def test_kv_bytes_per_token_from_the_config_is_what_the_kept_copies_take(tiny_policy, expert_trajectories):

@@ -19,15 +19,19 @@ def plain_action_means(model, renderer, trajectory):
             for a, b in rendered.action_spans]
 
 
-@pytest.mark.parametrize("prefix_reuse", [True, False])
+@pytest.mark.parametrize(("prefix_reuse", "in_place"), [(True, True), (True, False), (False, False)],
+                         ids=["prefix-in-place", "prefix-copied", "no-reuse"])
 @pytest.mark.parametrize("batch_size", [1, 7])
-@pytest.mark.parametrize("chunk_tokens", [0, 5, 128])  # 5: many chunks, padding inside chunks
-def test_scorer_equals_plain_forward_over_cover_like_rounds(tiny_policy, expert_trajectories, prefix_reuse,
+@pytest.mark.parametrize("chunk_tokens", [0, 5, 128])  # 5: many chunks, padding inside chunks (copied prefixes)
+def test_scorer_equals_plain_forward_over_cover_like_rounds(tiny_policy, expert_trajectories, prefix_reuse, in_place,
                                                            batch_size, chunk_tokens):
+    if in_place and chunk_tokens != 128:
+        pytest.skip("prefixes read in place feed a batch in one call: chunk_tokens does not apply")
     model, tokenizer = tiny_policy
     renderer = Renderer(tokenizer)
     scorer = HFScorer(model, tokenizer, batch_size=batch_size, prefix_reuse=prefix_reuse,
-                      chunk_tokens=chunk_tokens)
+                      chunk_tokens=chunk_tokens, prefix_in_place=in_place)
+    assert scorer.in_place == in_place
     trajectories = list(expert_trajectories[:9])
     current = {i: t for i, t in enumerate(trajectories)}
     requests = [ScoreRequest(i, t) for i, t in current.items()]
@@ -112,13 +116,18 @@ def padding(rows, batch):
     return len(feds) * max(feds), sum(feds)
 
 
-def forward_cost(rows, batch, overhead, attention, chunk):
+def forward_cost(rows, batch, overhead, attention, chunk, in_place=False):
     """The cost of one forward, counted here position by position and chunk by chunk (not with the
     scorer's formula): padded positions, attention pairs (the causal triangle without a cached
-    prefix, else every chunk's queries over the prefix and the tokens up to the chunk's end), and
+    prefix, else every chunk's queries over the prefix and the tokens up to the chunk's end; prefixes
+    read in place: the triangle and each row's padded queries over its own prefix, in one call), and
     `overhead` per call of the model."""
     new = max(rows[i].fed for i in batch)
     past = max(rows[i].reused for i in batch)
+    if in_place:
+        triangle = sum(q + 1 for q in range(new))
+        pairs = sum(rows[i].reused * new + triangle for i in batch)
+        return len(batch) * new + attention * pairs + overhead
     if past == 0:
         pairs, calls = sum(q + 1 for q in range(new)), 1
     else:
@@ -138,10 +147,12 @@ def contiguous_plans(order, batch_size):
             yield [order[:k], *rest]
 
 
+@pytest.mark.parametrize("in_place", [True, False], ids=["prefix-in-place", "prefix-copied"])
 @pytest.mark.parametrize("overhead", [0.0, 16.0, 1e9])
-def test_the_batch_plan_is_the_cheapest_cut_of_the_rows(tiny_policy, expert_trajectories, overhead):
+def test_the_batch_plan_is_the_cheapest_cut_of_the_rows(tiny_policy, expert_trajectories, overhead, in_place):
     model, tokenizer = tiny_policy
-    scorer = HFScorer(model, tokenizer, batch_size=4, chunk_tokens=16, forward_overhead=overhead)
+    scorer = HFScorer(model, tokenizer, batch_size=4, chunk_tokens=16, forward_overhead=overhead,
+                      prefix_in_place=in_place)
     _, rows = mixed_rows(scorer, list(expert_trajectories[:10]))
     assert len({row.fed for row in rows}) > 5 and len({row.reused for row in rows}) > 5  # really mixed
     attention = scorer.cost.attention
@@ -151,9 +162,9 @@ def test_the_batch_plan_is_the_cheapest_cut_of_the_rows(tiny_policy, expert_traj
     assert sorted(i for batch in plan for i in batch) == list(range(len(rows)))  # every row, once
     assert all(1 <= len(batch) <= 4 for batch in plan)
     order = sorted(range(len(rows)), key=lambda i: (rows[i].fed, len(rows[i].ids)))
-    cheapest = min(sum(forward_cost(rows, b, overhead, attention, 16) for b in cut)
+    cheapest = min(sum(forward_cost(rows, b, overhead, attention, 16, in_place) for b in cut)
                    for cut in contiguous_plans(order, 4))
-    assert sum(forward_cost(rows, b, overhead, attention, 16) for b in plan) == pytest.approx(cheapest)
+    assert sum(forward_cost(rows, b, overhead, attention, 16, in_place) for b in plan) == pytest.approx(cheapest)
     if overhead == 0:  # padding costs, calls are free: no batch pads
         assert sum(padding(rows, b)[0] for b in plan) == sum(row.fed for row in rows)
     if overhead == 1e9:  # calls cost everything: the fewest batches

@@ -20,9 +20,17 @@ rest, so the scores differ by float noise alone and the decisions stay the same.
 cache a batch builds from its copies and its activations while it runs (bounded by `batch_size` and
 `max_batch_tokens`).
 
-In a batch, cached prefixes are left-padded to a common length and new tokens right-padded; the
-attention mask hides both paddings and position ids are given explicitly, so each row computes what
-it would alone (up to float summation order, which `measure_noise` reports). Padding shifts a row's
+Where the model's attention is plain softmax attention on a CPU (`attention.supported`, and the
+probe below agrees), each row's prefix is read where it is kept (`attention.prefix_attention`): a
+batch's new tokens are fed in one call with the causal kernel and each row's queries attend to its
+own prefix segments in place, the two parts merged by their log-sum-exps; no prefix is copied, no
+mask built, and each row's fed keys/values are kept as views of the forward's own tensors (counted
+at the full size of those tensors while any is kept, `kv.Block`). Elsewhere (`prefix_in_place=False`,
+a GPU, sliding windows, soft-capping), the copying path below.
+
+In a batch of the copying path, cached prefixes are left-padded to a common length and new tokens
+right-padded; the attention mask hides both paddings and position ids are given explicitly, so each
+row computes what it would alone (up to float summation order, which `measure_noise` reports). Padding shifts a row's
 queries and keys by the same offset, so a sliding window, which the model's mask applies to index
 distances, still spans the same tokens. The batch's cache (`kv.BatchCache`) keeps every
 position of every layer: a `DynamicCache` built from the config keeps only the last
@@ -36,7 +44,7 @@ Granite's logit scales). Each model is checked once against its own forward
 (`verify_against_forward`), so an architecture whose forward does something else is refused instead
 of scored wrong.
 
-New tokens are fed in chunks of `chunk_tokens` (chunked prefill) when a prefix is cached. With a
+On the copying path, new tokens are fed in chunks of `chunk_tokens` (chunked prefill) when a prefix is cached. With a
 cache and padding the attention runs under an explicit mask, which cannot skip the causal upper
 triangle: one long chunk computes (and materializes a mask for) the whole new x new square, chunks
 only their own small squares, at one call of the model each. A batch with nothing cached is fed in
@@ -55,7 +63,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -65,7 +73,18 @@ from race_core.memory import automatic_kv_budget, keep_freed_memory
 from race_core.policy import pad_token_id
 from race_core.render import Rendered, Renderer
 from race_core.scoring import ScoreRequest, ScorerStats, batch_noise
-from race_core.scoring.kv import BatchCache, KeptCopies, KVCopy, Packing, Segment, compacted
+from race_core.scoring import attention as in_place
+from race_core.scoring.kv import (
+    BatchCache,
+    Block,
+    KeptCopies,
+    KVCopy,
+    Packing,
+    Segment,
+    compacted,
+    row_views,
+    storage_bytes,
+)
 from race_core.scoring.plan import (
     ForwardCost,
     attention_weight,
@@ -113,7 +132,7 @@ def head_logits(model, hidden_states: torch.Tensor) -> torch.Tensor:
 # NOISE_FACTOR x eps x max|logit|, and never below PROBE_TOLERANCE.
 PROBE_TOLERANCE = 1e-5
 NOISE_FACTOR = 32
-_verified: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> what its probe measured
+_verified: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {in place: what its probe measured}
 
 
 def kv_bytes_per_token(model) -> int:
@@ -170,7 +189,8 @@ class HFScorer:
 
     def __init__(self, model, tokenizer, *, batch_size: int = 8, prefix_reuse: bool = True,
                  renderer: Renderer | None = None, max_batch_tokens: int = 65536, chunk_tokens: int = 128,
-                 kv_budget: int = 0, forward_overhead: float | str | None = None):
+                 kv_budget: int = 0, forward_overhead: float | str | None = None,
+                 prefix_in_place: bool | None = None):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.renderer = renderer or Renderer(tokenizer)
@@ -206,10 +226,23 @@ class HFScorer:
         measured = forward_overhead == "measure"
         overhead = (measure_overhead(model) if measured else default_overhead(self.device) if forward_overhead is None
                     else float(forward_overhead))
-        self.cost = ForwardCost(overhead=overhead, attention=attention_weight(model.config), chunk_tokens=chunk_tokens)
-        if model not in _verified:
-            _verified[model] = self.verify_against_forward()
-        self.stats.extra["probe"] = dict(_verified[model])
+        # Prefixes read where they are kept (`attention`), where the model's attention allows it and
+        # its probe agrees; else copied into each batch's cache.
+        self.in_place = bool(prefix_reuse and (in_place.supported(model) if prefix_in_place is None else prefix_in_place))
+        self.cost = ForwardCost(overhead=overhead, attention=attention_weight(model.config), chunk_tokens=chunk_tokens,
+                                in_place=self.in_place)
+        probes = _verified.setdefault(model, {})  # in place or not -> what the probe measured
+        if self.in_place not in probes:
+            try:
+                probes[self.in_place] = self.verify_against_forward()
+            except ValueError:
+                if not self.in_place or prefix_in_place:
+                    raise
+                self.in_place = False  # the copying path, probed on its own
+                self.cost = replace(self.cost, in_place=False)
+                probes[False] = probes.get(False) or self.verify_against_forward()
+        self.stats.extra["probe"] = dict(probes[self.in_place])
+        self.stats.extra["prefix_in_place"] = self.in_place
         self.stats.extra.update(freed_memory_kept=freed_memory_kept,
                                 kv_budget=self.kv_budget, kv_bytes_per_token=self.kv_bytes_per_token,
                                 forward_overhead=overhead, overhead_measured=measured)
@@ -377,11 +410,12 @@ class HFScorer:
             stats.tokens_processed += sum(row.fed for row in rows)
             stats.padded_positions += len(rows) * new_len
             stats.tokens_reused += sum(row.reused for row in rows)
-            stats.attention_pairs += self.cost.pairs(len(rows), past_len, new_len)
+            stats.attention_pairs += self.cost.pairs(len(rows), past_len, new_len, sum(row.reused for row in rows))
             if self.prefix_reuse:
                 stats.kv_bytes_copied += getattr(cache, "copied", 0)
+                start = 0 if isinstance(cache, in_place.NewTokensCache) else past_len  # where the fed positions begin
                 with record_function("hf.keep"):
-                    self._keep_prefixes(rows, past_len, past_len + new_len, cache)
+                    self._keep_prefixes(rows, start, start + new_len, cache)
         return np.split(token_logprobs, np.cumsum([len(row.targets) for row in rows])[:-1])
 
     def _decode(self, rows: list[_Row], past_len: int, new_len: int) -> tuple[torch.Tensor, object]:
@@ -395,9 +429,11 @@ class HFScorer:
             attention[b, past_len - row.reused: past_len + row.fed] = 1
             positions[b] = torch.arange(row.reused, row.reused + new_len)
         layers = self.model.config.get_text_config().num_hidden_layers
+        decoder = self.model.get_decoder()
+        if self.in_place:
+            return self._decode_in_place(decoder, rows, input_ids, positions, layers, past_len)
         cache = (_batch_cache(layers, rows, past_len, past_len + new_len, self._packing, self.device)
                  if self.prefix_reuse else None)
-        decoder = self.model.get_decoder()
         # Nothing cached (always so without prefix reuse): only right padding, which no real token
         # attends to under the causal mask, so one call without a padding mask takes SDPA's causal
         # kernel (it skips the upper triangle). Otherwise chunks, which the cache links.
@@ -417,6 +453,18 @@ class HFScorer:
             self.stats.mask_bytes += 0 if mask is None else len(rows) * (e - s) * (past_len + e)
         return (hidden_chunks[0] if len(hidden_chunks) == 1 else torch.cat(hidden_chunks, dim=1)), cache
 
+    def _decode_in_place(self, decoder, rows: list[_Row], input_ids: torch.Tensor, positions: torch.Tensor,
+                         layers: int, past_len: int) -> tuple[torch.Tensor, object]:
+        """`_decode` with each row's prefix read where it is kept (`attention.prefix_attention`): one
+        call of the decoder, no mask, no copy of a prefix; the cache holds the new tokens' keys/values."""
+        prefixes = [row.prefix.prefix_parts(row.reused) if row.reused else () for row in rows]
+        cache = in_place.NewTokensCache(layers, past_len)
+        with record_function("hf.decoder"), in_place.reading_prefixes(self.model, prefixes):
+            out = decoder(input_ids=input_ids.to(self.device), attention_mask=None,
+                          position_ids=positions.to(self.device), past_key_values=cache, use_cache=True)
+        self.stats.decoder_calls += 1
+        return out.last_hidden_state, cache
+
     def _keep_prefixes(self, rows: list[_Row], past_len: int, width: int, cache) -> None:
         """Keep each row's whole fed sequence (the reused prefix's segments and a segment of the
         new tokens), within the KV budget: the sequences it continues are dropped first, then the
@@ -428,21 +476,29 @@ class HFScorer:
                                f"{width} fed: a truncating (sliding-window) cache cannot be reused")
         self._packing = self._packing or Packing.of(layers)
         buffer = getattr(cache, "buffer", None)  # packed: [layers, 2, rows, heads, width, dim]
+        # Prefixes read in place: each row's fed keys/values are kept as views of the batch's own
+        # tensors (nothing copied), which stay alive, all rows' and padding included, while any view
+        # is kept: one `Block` counted at their full size.
+        block = Block(storage_bytes(layers)) if isinstance(cache, in_place.NewTokensCache) else None
         # bytes per position of one row's copy (keys and values differ in size under latent attention)
         position_bytes = sum(t.shape[1] * t.shape[3] * t.element_size() for layer in layers for t in layer)
         for b, row in enumerate(rows):
             kept = [e for e in self._prefixes.get(row.key) if _common_prefix(e.ids, row.ids) < len(e.ids)]
             self._prefixes.put(row.key, kept[-(MAX_SEQUENCES_PER_KEY - 1):])
             reused = compacted(row.prefix.prefix_parts(row.reused)) if row.reused else ()
-            own = Segment([], row.fed, row.fed * position_bytes)  # its tensors are copied once it fits
+            own = Segment([], row.fed, row.fed * position_bytes, block)  # its tensors are set once it fits
             copy = KVCopy(ids=row.ids.copy(), parts=(*reused, (own, row.fed)))
             fits, dropped = self._prefixes.make_room(copy)
             self.stats.evictions += dropped + int(not fits)
             if fits:
                 fed = slice(past_len, past_len + row.fed)
-                own.data = (buffer[:, :, b, :, fed].clone() if buffer is not None
-                            else [(k[b, :, fed].clone(), v[b, :, fed].clone()) for k, v in layers])
+                if block is not None:
+                    own.data = row_views(layers, b, fed)
+                else:
+                    own.data = (buffer[:, :, b, :, fed].clone() if buffer is not None
+                                else [(k[b, :, fed].clone(), v[b, :, fed].clone()) for k, v in layers])
+                    self.stats.kv_bytes_copied += own.nbytes
                 made = [s for s, _ in reused if s not in {s for s, _ in row.prefix.parts}]  # compacted
-                self.stats.kv_bytes_copied += own.nbytes + sum(s.nbytes for s in made)
+                self.stats.kv_bytes_copied += sum(s.nbytes for s in made)
                 self._prefixes.put(row.key, [*self._prefixes.get(row.key), copy])
                 self.stats.kv_bytes_peak = max(self.stats.kv_bytes_peak, self._prefixes.held)

@@ -8,6 +8,10 @@ token-equivalents (the cost of one more position through the layers' matrix prod
 
     cost = positions + attention x attention pairs + overhead x model calls
 
+With prefixes read in place (`ForwardCost.in_place`, `race_core.scoring.attention`) a forward is one
+call and each row's padded queries attend to its own prefix, not the batch's longest: the pairs are
+the causal triangle of every row plus each row's prefix x the batch's fed length.
+
 `attention` (one (query, key) pair of one layer against one position through one layer's weights)
 comes from the model's config. `overhead` is a fixed figure per device type by default
 (`default_overhead`: on a CPU the fixed part is a few dozen positions, so the planner avoids padding;
@@ -46,28 +50,37 @@ class ForwardCost:
     overhead: float  # token-equivalents per call of the model
     attention: float  # token-equivalents per (query, key) pair of one layer
     chunk_tokens: int  # fed tokens per call when a prefix is cached (0: all at once)
+    in_place: bool = False  # prefixes read where they are kept (`attention.prefix_attention`): one call, no padding
 
     def calls(self, past: np.ndarray | int, new: np.ndarray | int):
-        """Model calls of a batch: one without a cached prefix, else one per chunk."""
-        if not self.chunk_tokens:
+        """Model calls of a batch: one without a cached prefix (or with prefixes read in place), else
+        one per chunk."""
+        if not self.chunk_tokens or self.in_place:
             return np.ones_like(new) if isinstance(new, np.ndarray) else 1
         chunks = -(-np.asarray(new) // self.chunk_tokens)
         out = np.where(np.asarray(past) > 0, chunks, 1)
         return out if isinstance(new, np.ndarray) else int(out)
 
-    def pairs(self, rows, past, new):
+    def pairs(self, rows, past, new, past_total=None):
         """(query, key) pairs one attention layer computes: without a cached prefix, the causal
         triangle of the padded rows (the kernel skips the rest); with one, each chunk's queries over
-        the prefix and the tokens fed up to the chunk's end, masked pairs included."""
+        the prefix and the tokens fed up to the chunk's end, masked pairs included. Prefixes read in
+        place: the causal triangle, and each row's padded queries over its own prefix (`past_total`:
+        the rows' prefixes summed; default rows x `past`)."""
         rows, past, new = np.asarray(rows), np.asarray(past), np.asarray(new)
+        if self.in_place:
+            total = rows * past if past_total is None else np.asarray(past_total)
+            out = total * new + rows * new * (new + 1) // 2
+            return out if out.ndim else int(out)
         step = self.chunk_tokens or np.maximum(new, 1)
         full = new // step
         within = step * step * full * (full + 1) // 2 + (new - full * step) * new  # sum of len_s x end_s
         out = np.where(past > 0, rows * (past * new + within), rows * new * (new + 1) // 2)
         return out if out.ndim else int(out)
 
-    def cost(self, rows, past, new):
-        return rows * new + self.attention * self.pairs(rows, past, new) + self.overhead * self.calls(past, new)
+    def cost(self, rows, past, new, past_total=None):
+        return (rows * new + self.attention * self.pairs(rows, past, new, past_total)
+                + self.overhead * self.calls(past, new))
 
 
 def attention_weight(config) -> float:
@@ -143,8 +156,9 @@ def plan_batches(fed: Sequence[int], reused: Sequence[int], cost: ForwardCost, b
         # batches [j, end) for j = end-1 down to start: their longest fed length and prefix
         new = np.maximum.accumulate(f[start:end][::-1])
         past = np.maximum.accumulate(r[start:end][::-1])
+        past_total = np.cumsum(r[start:end][::-1])
         rows = np.arange(1, end - start + 1)
-        total = best[end - rows] + cost.cost(rows, past, new)
+        total = best[end - rows] + cost.cost(rows, past, new, past_total)
         total[(rows > 1) & (rows * (past + new) > max_batch_tokens)] = np.inf
         k = int(np.argmin(total[::-1]))  # on a tie, the larger batch
         cut[end] = start + k

@@ -1,0 +1,147 @@
+"""Attention that reads each row's cached prefix where it is kept, instead of a copy of it.
+
+The HF scorer's batch otherwise copies every row's reused prefix, left-padded to the batch's longest,
+into one buffer the model's attention reads (`kv.BatchCache`), and feeds the new tokens in chunks
+under an explicit mask: on long agent episodes that copy is most of the KV bytes the scorer moves, the
+mask grows with rows x chunk x (prefix + chunk), and a masked attention computes the whole rectangle
+including the padding. Here a row's attention is split in two parts, exact by the log-sum-exp of each:
+
+- the new tokens over themselves, for the whole batch in one call with the causal kernel (rows are
+  right-padded: a real query never sees a padded key, and padded queries are never read);
+- each row's queries over its prefix, one kernel call per kept segment the prefix is made of, reading
+  the segment's keys and values in place (no padding, no mask: a query sees every prefix position).
+
+`softmax([a, b]) V = (e^A out_a + e^B out_b) / (e^A + e^B)` with A, B the two parts' log-sum-exps, so
+the merged output is the full attention's up to float summation order (the scorer's probe checks it
+against the model's own forward, `HFScorer.verify_against_forward`). The kernel is torch's CPU flash
+attention, which returns the log-sum-exp (`aten._scaled_dot_product_flash_attention_for_cpu`).
+
+It takes the place of the model's attention only inside `reading_prefixes(model, prefixes)`: the
+attention implementation registered here (`NAME`) runs SDPA unchanged outside it, and the mask
+transformers would build is skipped (an implementation without a registered mask function gets
+none). Grouped-query attention: the query heads that share a key/value head are stacked along the
+query axis for the prefix part (a prefix query sees every key, so their order does not matter), so
+the prefix is never expanded to all heads; the new part expands only the new tokens' keys.
+
+Used for models whose attention is plain softmax(QK^T s) V over all positions (`supported`): no
+sliding window, no logit soft-capping, no attention sinks; on a CPU. Elsewhere the scorer keeps the
+copying path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+import torch
+from transformers import AttentionInterface
+from transformers.cache_utils import DynamicCache, DynamicLayer
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+NAME = "race_prefix_in_place"
+_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+_rows: ContextVar[Sequence[tuple] | None] = ContextVar("race_prefix_rows", default=None)
+# model types whose attention is plain scaled softmax over every position (as of transformers 5.19)
+PLAIN = frozenset({"llama", "mistral", "qwen2", "qwen3", "smollm3", "olmo", "olmo2", "granite", "phi3",
+                   "stablelm", "starcoder2", "helium", "glm", "internlm3"})
+
+
+def supported(model) -> bool:
+    """Whether the model's attention can be split in place: a CPU model of a `PLAIN` type with no
+    sliding window, soft-capping or sinks configured, and a torch with the CPU flash kernel."""
+    config = model.config.get_text_config()
+    if next(model.parameters()).device.type != "cpu" or config.model_type not in PLAIN:
+        return False
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return False
+    return not any(getattr(config, name, None) for name in ("attn_logit_softcapping", "layer_types_sliding"))
+
+
+def _merge(out: torch.Tensor, lse: torch.Tensor, part: torch.Tensor, part_lse: torch.Tensor
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two attentions of the same queries over disjoint keys, merged into one (float32 weights)."""
+    top = torch.maximum(lse, part_lse)
+    a, b = torch.exp(lse - top), torch.exp(part_lse - top)
+    total = a + b
+    merged = (out.float() * (a / total)[..., None] + part.float() * (b / total)[..., None]).to(out.dtype)
+    return merged, top + torch.log(total)
+
+
+def prefix_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                     **kwargs) -> tuple[torch.Tensor, None]:
+    """The attention of `query` [rows, heads, new, dim] over the new tokens' `key`/`value` [rows,
+    kv heads, new, dim] (causal) and each row's prefix parts (`reading_prefixes`); SDPA when no
+    prefixes are being read."""
+    prefixes = _rows.get()
+    if prefixes is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    rows, heads, length, dim = query.shape
+    groups = heads // key.shape[1]
+    if groups > 1:
+        key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    out, lse = _flash(query, key, value, 0.0, True, scale=scaling)
+    layer = module.layer_idx
+    for b, parts in enumerate(prefixes):
+        if not parts:
+            continue
+        q = query[b].reshape(heads // groups, groups * length, dim)[None]
+        row, row_lse = out[b], lse[b]
+        for segment, n in parts:
+            k, v = segment.layer(layer)
+            part, part_lse = _flash(q, k[None, :, :n], v[None, :, :n], 0.0, False, scale=scaling)
+            row, row_lse = _merge(row, row_lse, part[0].reshape(heads, length, dim), part_lse[0].reshape(heads, length))
+        out[b] = row
+    return out.transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(NAME, prefix_attention)
+
+
+class NewTokensLayer(DynamicLayer):
+    """One layer of a `NewTokensCache`: the keys/values of the batch's new tokens, as computed (no
+    buffer, no copy); the prefix is read from its segments by `prefix_attention`."""
+
+    def __init__(self, past: int):
+        super().__init__()
+        self.past = past
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.is_initialized:
+            raise RuntimeError("the in-place prefix attention feeds a batch's new tokens in one call")
+        self.keys, self.values = key_states, value_states
+        self.dtype, self.device, self.is_initialized = key_states.dtype, key_states.device, True
+        return key_states, value_states
+
+    def get_seq_length(self) -> int:
+        return self.past + (self.keys.shape[-2] if self.is_initialized else 0)
+
+
+class NewTokensCache(DynamicCache):
+    """The cache of a batch whose prefixes are read in place: per layer the new tokens' keys/values."""
+
+    copied = 0  # bytes copied into it from the kept segments: none
+
+    def __init__(self, layers: int, past: int):
+        super().__init__()
+        self.layers = [NewTokensLayer(past) for _ in range(layers)]
+
+
+@contextmanager
+def reading_prefixes(model, prefixes: Sequence[tuple]) -> Iterator[None]:
+    """Within: `model`'s attention is `prefix_attention` over `prefixes` (row b's (segment, positions)
+    parts, empty for a row with none)."""
+    configs = {id(m.config): m.config for m in model.modules() if hasattr(m, "config")}
+    saved = {key: config._attn_implementation for key, config in configs.items()}
+    token = _rows.set(prefixes)
+    try:
+        for config in configs.values():
+            config._attn_implementation = NAME
+        yield
+    finally:
+        _rows.reset(token)
+        for key, config in configs.items():
+            config._attn_implementation = saved[key]
