@@ -30,20 +30,25 @@ def agent_policy(store: ArtifactStore, checkpoint: str, config: AgentBootstrapCo
     """The `config.env` policy made from `checkpoint` by `config.recipe` (a stage manifest: `PolicyRef.of`
     reads it); its metrics are the recipe's report (what it trained on, the fresh on-policy check)."""
     base = PolicyRef.local(checkpoint)
+    keyed = {**config.key_fields(), "dtype": resources.dtype, **resources.training_keyed()}
 
     def compute() -> dict[str, Any]:
         from race_core.train.checkpoint_bootstrap import bootstrap_agent
-        from race_core.train.distributed import TrainOptions
+        from race_core.train.distributed import TrainOptions, clear_state
+        from tasks.training_runs import train_state_dir
 
+        # the SFT state saved every resources.train_save_every steps: a bootstrap killed mid-way resumes there
+        state = train_state_dir("bootstrap", keyed, {}, base.digest)
         model, tokenizer = base.load(store, resources)
-        report = bootstrap_agent(model, tokenizer, config, log, options=TrainOptions(
-            mixed_precision=resources.mixed_precision, gradient_checkpointing=resources.gradient_checkpointing))
-        return {**put_policy(store, model, tokenizer),
-                "metrics": {"recipe": report.recipe, "actions": report.agent["actions"], "rounds": report.rounds,
-                            "check": report.check, "wall_seconds": report.wall_seconds}}
+        report = bootstrap_agent(model, tokenizer, config, log, options=TrainOptions.of(resources, state))
+        stored = put_policy(store, model, tokenizer)
+        clear_state(state)
+        return {**stored, "metrics": {"recipe": report.recipe, "actions": report.agent["actions"],
+                                      "rounds": report.rounds, "check": report.check,
+                                      "wall_seconds": report.wall_seconds}}
 
-    return run_stage(store, "bootstrap", {**config.key_fields(), "dtype": resources.dtype, **resources.training_keyed()}, {}, base.digest, compute,
-                     only_cached=only_cached, force=force, log=log)
+    return run_stage(store, "bootstrap", keyed, {}, base.digest, compute, only_cached=only_cached, force=force,
+                     log=log)
 
 
 def bootstrap_stage(store: ArtifactStore, *, checkpoint: str, config: AgentBootstrapConfig, resources: Resources,

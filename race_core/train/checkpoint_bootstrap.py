@@ -182,7 +182,11 @@ def bootstrap_agent(model, tokenizer, config: AgentBootstrapConfig = AgentBootst
             if step == 1 or step % every == 0 or step == total:
                 log(f"bootstrap {label}: sft step {step}/{total} loss {loss:.4f}")
 
-        report = train_sft(model, tokenizer, trajectories, config.sft, progress=progress, options=options)
+        # each SFT run saves (and resumes) its state in a folder of its own: a round's state is not the next one's
+        run_options = options
+        if options is not None and options.state_dir:
+            run_options = replace(options, state_dir=str(Path(options.state_dir) / label.replace(" ", "-")))
+        report = train_sft(model, tokenizer, trajectories, config.sft, progress=progress, options=run_options)
         return {"trajectories": len(trajectories), "steps": report.steps, "first_loss": report.first_loss,
                 "last_loss": report.last_loss, "target_tokens": report.target_tokens}
 
