@@ -24,8 +24,8 @@ DROP_TOLERANCE = 1e-6  # float summation order only (see tests/test_cover.py)
 
 def tensor_bytes(scorer: HFScorer) -> int:
     """Bytes of the memory the kept copies keep alive, counted from the tensors themselves: each
-    storage once, however many segments are views of it and copies share them (a row kept as a view
-    of its forward's keys/values keeps the whole forward's alive), not from the scorer's own tally."""
+    storage once, however many segments are views of it and copies share them, not from the
+    scorer's own tally."""
     store = scorer._prefixes  # the private store: this test checks its bookkeeping against the tensors
     segments = {id(s): s for key in list(store._by_key) for copy in store.get(key) for s, _ in copy.parts}
     tensors = [t for s in segments.values()

@@ -101,33 +101,57 @@ AttentionInterface.register(NAME, prefix_attention)
 
 
 class NewTokensLayer(DynamicLayer):
-    """One layer of a `NewTokensCache`: the keys/values of the batch's new tokens, as computed (no
-    buffer, no copy); the prefix is read from its segments by `prefix_attention`."""
+    """One layer of a `NewTokensCache`: returns the batch's new keys/values as computed (the new part
+    of `prefix_attention` reads them), and writes each row's real positions into that row's own
+    tensor (the cache write every path makes; nothing is copied again to keep them)."""
 
-    def __init__(self, past: int):
+    def __init__(self, cache: NewTokensCache, layer: int):
         super().__init__()
-        self.past = past
+        self.cache, self.layer = cache, layer
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
                ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.is_initialized:
             raise RuntimeError("the in-place prefix attention feeds a batch's new tokens in one call")
+        self.cache.write(self.layer, key_states, value_states)
         self.keys, self.values = key_states, value_states
         self.dtype, self.device, self.is_initialized = key_states.dtype, key_states.device, True
         return key_states, value_states
 
     def get_seq_length(self) -> int:
-        return self.past + (self.keys.shape[-2] if self.is_initialized else 0)
+        return self.cache.past + (self.keys.shape[-2] if self.is_initialized else 0)
 
 
 class NewTokensCache(DynamicCache):
-    """The cache of a batch whose prefixes are read in place: per layer the new tokens' keys/values."""
+    """The cache of a batch whose prefixes are read in place: per row, a tensor [layers, 2, kv heads,
+    fed, dim] of its fed positions' keys/values (`rows`, filled layer by layer), which the scorer keeps
+    as that row's segment as is; a layer whose keys and values differ in shape (latent attention)
+    keeps per-layer pairs (`rows` None, `pairs` instead)."""
 
     copied = 0  # bytes copied into it from the kept segments: none
 
-    def __init__(self, layers: int, past: int):
+    def __init__(self, layers: int, past: int, fed: Sequence[int]):
         super().__init__()
-        self.layers = [NewTokensLayer(past) for _ in range(layers)]
+        self.past, self.fed, self.count = past, list(fed), layers
+        self.rows: list[torch.Tensor] | None = None
+        self.pairs: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in fed]
+        self.layers = [NewTokensLayer(self, layer) for layer in range(layers)]
+
+    def write(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        if layer == 0:
+            packed = keys.shape == values.shape
+            self.rows = [keys.new_empty((self.count, 2, keys.shape[1], n, keys.shape[3])) for n in self.fed] \
+                if packed else None
+        for b, n in enumerate(self.fed):
+            if self.rows is not None:
+                self.rows[b][layer, 0].copy_(keys[b, :, :n])
+                self.rows[b][layer, 1].copy_(values[b, :, :n])
+            else:
+                self.pairs[b].append((keys[b, :, :n].clone(), values[b, :, :n].clone()))
+
+    def row(self, b: int) -> torch.Tensor | list[tuple[torch.Tensor, torch.Tensor]]:
+        """Row b's keys/values of its fed positions, as a segment holds them."""
+        return self.rows[b] if self.rows is not None else self.pairs[b]
 
 
 @contextmanager

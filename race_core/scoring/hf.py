@@ -24,8 +24,8 @@ Where the model's attention is plain softmax attention on a CPU (`attention.supp
 probe below agrees), each row's prefix is read where it is kept (`attention.prefix_attention`): a
 batch's new tokens are fed in one call with the causal kernel and each row's queries attend to its
 own prefix segments in place, the two parts merged by their log-sum-exps; no prefix is copied, no
-mask built, and each row's fed keys/values are kept as views of the forward's own tensors (counted
-at the full size of those tensors while any is kept, `kv.Block`). Elsewhere (`prefix_in_place=False`,
+mask built, and each row's fed keys/values are written once into a tensor of its own, which is what
+is kept (`attention.NewTokensCache`). Elsewhere (`prefix_in_place=False`,
 a GPU, sliding windows, soft-capping), the copying path below.
 
 In a batch of the copying path, cached prefixes are left-padded to a common length and new tokens
@@ -74,17 +74,7 @@ from race_core.policy import pad_token_id
 from race_core.render import Rendered, Renderer
 from race_core.scoring import ScoreRequest, ScorerStats, batch_noise
 from race_core.scoring import attention as in_place
-from race_core.scoring.kv import (
-    BatchCache,
-    Block,
-    KeptCopies,
-    KVCopy,
-    Packing,
-    Segment,
-    compacted,
-    row_views,
-    storage_bytes,
-)
+from race_core.scoring.kv import BatchCache, KeptCopies, KVCopy, Packing, Segment, compacted
 from race_core.scoring.plan import (
     ForwardCost,
     attention_weight,
@@ -458,7 +448,7 @@ class HFScorer:
         """`_decode` with each row's prefix read where it is kept (`attention.prefix_attention`): one
         call of the decoder, no mask, no copy of a prefix; the cache holds the new tokens' keys/values."""
         prefixes = [row.prefix.prefix_parts(row.reused) if row.reused else () for row in rows]
-        cache = in_place.NewTokensCache(layers, past_len)
+        cache = in_place.NewTokensCache(layers, past_len, [row.fed for row in rows])
         with record_function("hf.decoder"), in_place.reading_prefixes(self.model, prefixes):
             out = decoder(input_ids=input_ids.to(self.device), attention_mask=None,
                           position_ids=positions.to(self.device), past_key_values=cache, use_cache=True)
@@ -476,24 +466,21 @@ class HFScorer:
                                f"{width} fed: a truncating (sliding-window) cache cannot be reused")
         self._packing = self._packing or Packing.of(layers)
         buffer = getattr(cache, "buffer", None)  # packed: [layers, 2, rows, heads, width, dim]
-        # Prefixes read in place: each row's fed keys/values are kept as views of the batch's own
-        # tensors (nothing copied), which stay alive, all rows' and padding included, while any view
-        # is kept: one `Block` counted at their full size.
-        block = Block(storage_bytes(layers)) if isinstance(cache, in_place.NewTokensCache) else None
+        written = cache if isinstance(cache, in_place.NewTokensCache) else None  # rows written where they are kept
         # bytes per position of one row's copy (keys and values differ in size under latent attention)
         position_bytes = sum(t.shape[1] * t.shape[3] * t.element_size() for layer in layers for t in layer)
         for b, row in enumerate(rows):
             kept = [e for e in self._prefixes.get(row.key) if _common_prefix(e.ids, row.ids) < len(e.ids)]
             self._prefixes.put(row.key, kept[-(MAX_SEQUENCES_PER_KEY - 1):])
             reused = compacted(row.prefix.prefix_parts(row.reused)) if row.reused else ()
-            own = Segment([], row.fed, row.fed * position_bytes, block)  # its tensors are set once it fits
+            own = Segment([], row.fed, row.fed * position_bytes)  # its tensors are set once it fits
             copy = KVCopy(ids=row.ids.copy(), parts=(*reused, (own, row.fed)))
             fits, dropped = self._prefixes.make_room(copy)
             self.stats.evictions += dropped + int(not fits)
             if fits:
                 fed = slice(past_len, past_len + row.fed)
-                if block is not None:
-                    own.data = row_views(layers, b, fed)
+                if written is not None:
+                    own.data = written.row(b)
                 else:
                     own.data = (buffer[:, :, b, :, fed].clone() if buffer is not None
                                 else [(k[b, :, fed].clone(), v[b, :, fed].clone()) for k, v in layers])

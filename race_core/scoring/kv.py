@@ -12,9 +12,9 @@ the trajectory's as held, used in full by the copy kept for it.
 `KeptCopies` keeps the copies within a byte budget: a segment is counted once, while any kept copy
 uses it; to make room the least recently used copy is dropped first, whichever key it has.
 
-Rows fed with their prefixes read in place (`race_core.scoring.attention`) keep their fed tokens as
-views of the forward's own keys/values (`row_views`), nothing copied; those tensors, every row's
-and their padding, stay alive while any view is kept, so they are one `Block`, counted in full once.
+Rows fed with their prefixes read in place (`race_core.scoring.attention`) write their new tokens'
+keys/values once, each row into a segment of its own (`attention.NewTokensCache`), which is what
+is kept: nothing is copied from one cache into another.
 
 `BatchCache` is the cache a batched forward reads on the copying path: every row's reused prefix is copied once,
 left-padded, into a buffer as wide as the batch's prefix and new tokens together, and each chunk's
@@ -63,28 +63,14 @@ class Packing:
         return cls(len(layers), heads, dim, dtype)
 
 
-@dataclass(eq=False)
-class Block:
-    """Memory that several segments are views of (the keys/values a batch computed, every row's):
-    held, at its full size, while any kept copy uses any of them."""
-
-    nbytes: int
-
-
 @dataclass(eq=False)  # compared and hashed by identity: counted once however many copies use it
 class Segment:
     """The keys/values of `length` positions: one tensor [layers, 2, heads, positions, dim] when
-    packed, else per layer (keys, values); views into a `block` when it has one."""
+    packed, else per layer (keys, values)."""
 
     data: torch.Tensor | KV
     length: int  # positions
-    nbytes: int  # of all its tensors (its own positions only, when it is a view into a block)
-    block: Block | None = None
-
-    @property
-    def owner(self) -> Segment | Block:
-        """What holds its memory: its block, else itself."""
-        return self.block or self
+    nbytes: int  # of all its tensors
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         if isinstance(self.data, torch.Tensor):
@@ -109,26 +95,10 @@ class KVCopy:
             left -= used
         return tuple(out)
 
-    def owners(self) -> set[Segment | Block]:
-        """What holds the memory of the segments it uses (`Segment.owner`), each once."""
-        return {segment.owner for segment, _ in self.parts}
-
     @property
     def nbytes(self) -> int:
-        """Bytes of the memory it keeps alive: its segments, or their blocks (shared ones included)."""
-        return sum(owner.nbytes for owner in self.owners())
-
-
-def row_views(layers: KV, row: int, positions: slice) -> KV:
-    """Row `row`'s keys/values at `positions` of a batch's per-layer (keys, values) [rows, heads,
-    positions, dim], as views (nothing copied; they keep the batch's tensors alive: `Block`)."""
-    return [(k[row, :, positions], v[row, :, positions]) for k, v in layers]
-
-
-def storage_bytes(layers: KV) -> int:
-    """Bytes of the memory a batch's per-layer (keys, values) occupy (each storage once)."""
-    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for pair in layers for t in pair}
-    return sum(storages.values())
+        """Bytes of the segments it uses (shared ones included)."""
+        return sum(segment.nbytes for segment in {s for s, _ in self.parts})
 
 
 def compacted(parts: tuple[tuple[Segment, int], ...]) -> tuple[tuple[Segment, int], ...]:
@@ -150,15 +120,14 @@ def compacted(parts: tuple[tuple[Segment, int], ...]) -> tuple[tuple[Segment, in
 
 class KeptCopies:
     """The KV copies kept per trajectory key, within `budget` bytes (None: no bound). To make room,
-    the copy least recently used (stored or reused) is dropped first, whichever key it has. Memory is
-    counted by owner (`Segment.owner`): a block of views counts in full while any kept copy uses it."""
+    the copy least recently used (stored or reused) is dropped first, whichever key it has."""
 
     def __init__(self, budget: int | None):
         self.budget = budget
         self.held = 0  # bytes of the segments the kept copies use
         self._by_key: dict[Hashable, list[KVCopy]] = {}
         self._use_order: OrderedDict[KVCopy, Hashable] = OrderedDict()  # least recently used first
-        self._users: dict[Segment | Block, int] = {}  # kept copies using each owner of memory
+        self._users: dict[Segment, int] = {}  # kept copies using each segment
 
     def get(self, key: Hashable) -> list[KVCopy]:
         return list(self._by_key.get(key, ()))
@@ -174,15 +143,15 @@ class KeptCopies:
         for copy in copies:
             if copy not in self._use_order:
                 self._use_order[copy] = key
-                for owner in copy.owners():
-                    self._users[owner] = self._users.get(owner, 0) + 1
-                    self.held += owner.nbytes if self._users[owner] == 1 else 0
+                for segment in {s for s, _ in copy.parts}:
+                    self._users[segment] = self._users.get(segment, 0) + 1
+                    self.held += segment.nbytes if self._users[segment] == 1 else 0
         if copies:
             self._by_key[key] = list(copies)
 
     def new_bytes(self, copy: KVCopy) -> int:
-        """Bytes keeping `copy` would add: the owners of its memory no kept copy uses yet."""
-        return sum(owner.nbytes for owner in copy.owners() if owner not in self._users)
+        """Bytes keeping `copy` would add: its segments no kept copy uses yet."""
+        return sum(s.nbytes for s in {s for s, _ in copy.parts} if s not in self._users)
 
     def make_room(self, copy: KVCopy) -> tuple[bool, int]:
         """Drop least recently used copies until `copy` fits the budget: (whether it fits, how many
@@ -205,13 +174,17 @@ class KeptCopies:
         for key in list(self._by_key) if keys is None else keys:
             self.put(key, [])
 
+    def segments(self) -> set[Segment]:
+        """The segments the kept copies use (each once)."""
+        return set(self._users)
+
     def _forget(self, copy: KVCopy) -> None:
         del self._use_order[copy]
-        for owner in copy.owners():
-            self._users[owner] -= 1
-            if not self._users[owner]:
-                del self._users[owner]
-                self.held -= owner.nbytes
+        for segment in {s for s, _ in copy.parts}:
+            self._users[segment] -= 1
+            if not self._users[segment]:
+                del self._users[segment]
+                self.held -= segment.nbytes
 
 
 class BatchLayer(DynamicLayer):
