@@ -41,53 +41,77 @@ def test_a_checkpoint_picks_the_cpu_or_gpu_preset_and_the_cpu_one_names_what_it_
 
 
 @pytest.mark.slow
-def test_the_whole_loop_runs_on_a_real_instruct_model(prefect_harness, smollm2_checkpoint, tmp_path):
-    """SmolLM2-135M-Instruct at minimal size (a few tasks and steps): the numbers are not the point,
-    the stages' outputs and the RL diagnostics are, each checked against the stored rollouts."""
+def test_the_whole_loop_runs_on_a_real_instruct_model_in_the_multi_turn_world(prefect_harness, smollm2_checkpoint,
+                                                                             tmp_path):
+    """SmolLM2-135M-Instruct at minimal size in the lookup world (episodes of 4-6 turns where a later
+    calc reads a number an earlier turn noted): the numbers are not the point, the stages' outputs,
+    the cross-turn figure and the RL diagnostics are, each checked against what the run stored. The
+    inputs are the scripted expert's episodes in the policy's format (a few SFT steps do not teach
+    a 135M model to win lookup episodes of its own), so the covers see the reasoning kinds of a
+    real multi-turn agent."""
     from flows.ablate import race_ablate
+    from race_core.ablation import candidate_turns
     from race_core.config import CoverConfig, EvalConfig, PipelineConfig, RLConfig, SFTConfig
-    from race_core.envs.calculator import AgentPrompt
+    from race_core.envs import get_environment
+    from race_core.envs.agent import AgentPrompt
     from race_core.policy import load_tokenizer
     from race_core.render import Renderer
     from race_core.rollout import rollouts_from_json
     from race_core.train.checkpoint_bootstrap import AgentBootstrapConfig
     from storage import ArtifactStore
+    from tasks.ablation import removals
 
-    # single-operation tasks (a calculation, then the answer): what a few SFT steps teach a 135M model
+    lookup = get_environment("lookup")
+    agent = AgentPrompt.for_renderer(Renderer(load_tokenizer(smollm2_checkpoint)), lookup)
+    inputs = [agent.dress(t) for t in lookup.expert_dataset(6, seed=7, reasoning_kinds=True)]
+    assert len(inputs) == 6 and all(len(t.turns) >= 4 for t in inputs)
+    path = tmp_path / "inputs.jsonl"
+    path.write_text("".join(json.dumps(t.to_dict()) + "\n" for t in inputs))
+    turns, tokens = 6, 64
     config = PipelineConfig(
-        checkpoint=str(smollm2_checkpoint), cover=CoverConfig(epsilon=0.1),
+        checkpoint=str(smollm2_checkpoint), inputs=(str(path),), cover=CoverConfig(epsilon=0.1),
         sft=SFTConfig(steps=2, batch_size=4, lr=5e-5, max_length=1024),
-        rl=RLConfig(iterations=1, tasks_per_iteration=2, group_size=2, max_turns=4, max_new_tokens=80, lr=1e-5,
-                    difficulty=1),
-        evaluate=EvalConfig(tasks=4, max_turns=4, max_new_tokens=80))
-    bootstrap = AgentBootstrapConfig(shape="random", difficulty=1, expert_tasks=48, check_tasks=2, check_samples=2,
-                                     max_turns=4, max_new_tokens=80,
-                                     sft=SFTConfig(lr=3e-4, steps=12, batch_size=4, warmup_steps=2, max_length=1024))
+        rl=RLConfig(env="lookup", shape="random", iterations=1, tasks_per_iteration=2, group_size=2, max_turns=turns,
+                    max_new_tokens=tokens, lr=1e-5),
+        evaluate=EvalConfig(env="lookup", shape="random", tasks=4, max_turns=turns, max_new_tokens=tokens))
+    bootstrap = AgentBootstrapConfig(env="lookup", shape="random", expert_tasks=24, check_tasks=2, check_samples=2,
+                                     max_turns=turns, max_new_tokens=tokens,
+                                     sft=SFTConfig(lr=3e-4, steps=6, batch_size=4, warmup_steps=2, max_length=1024))
     home, out = tmp_path / "home", tmp_path / "out"
-    run = dict(home=str(home), out=str(out), seeds=(0,), input_tasks=4, config=config, bootstrap=bootstrap,
-               epsilons=(0.03, 0.3), arms=("none", "race"), preset="test")
+    run = dict(home=str(home), out=str(out), seeds=(0,), config=config, bootstrap=bootstrap, epsilons=(0.03, 0.3),
+               arms=("race", "local"), length_penalties=(0.01,), preset="test")
     result = race_ablate(**run)
 
     boot = result["bootstrap"]
     assert boot["actions"] == "text" and boot["check"]["episodes"] == 4
     trained = boot["rounds"][0]
-    assert trained["data"] == "expert" and trained["steps"] == 12 and trained["last_loss"] < trained["first_loss"]
+    assert trained["data"] == "expert" and trained["steps"] == 6 and trained["last_loss"] < trained["first_loss"]
     store = ArtifactStore(str(home / "store"))
-    episodes = [json.loads(line) for line in open(result["run"]["inputs"][0])]
-    expected_prompt = AgentPrompt.for_renderer(Renderer(load_tokenizer(smollm2_checkpoint)))
-    assert all(e["system"] == expected_prompt.system for e in episodes)  # the policy's own, in its format
+    assert result["run"]["inputs"] == [str(path)]
     assert result["epsilon_choice"]["epsilon"] in (0.03, 0.3) and result["epsilon_choice"]["why"]
-    assert [(e["arm"], e["seed"]) for e in result["arms"]] == [("none", 0), ("race", 0)]
+    assert [(e["arm"], e["seed"]) for e in result["arms"]] == [("race", 0), ("local", 0)]
     for entry in result["arms"]:
         assert entry["success_rate"] * 4 == round(entry["success_rate"] * 4)  # 4 held-out episodes
-    race = next(e for e in result["arms"] if e["arm"] == "race")
-    assert set(race) >= {"rl", "grpo"}
+        assert entry["turns_per_episode"] <= turns
+
+    # the cross-turn figure, recounted from the inputs and the two covers' stored removals
+    cross = result["cross_turn"]["race"]
+    assert cross["candidates"] == sum(len(candidate_turns(t)) for t in inputs) > 6
+    assert cross["candidates"] >= cross["rejected"] >= cross["rejected_by_later"] >= 0
+    race, local = (removals(store, result["compressed"][arm]) for arm in ("race", "local"))
+    assert cross["candidates"] - cross["rejected"] == sum(map(len, race.values()))
+    versus = result["cross_turn"]["local_vs_race"]
+    assert versus["local_accepted"] == sum(map(len, local.values()))
+    assert versus["race_rejected"] == sum(t not in race.get(i, ()) for i, ts in local.items() for t in ts)
+    kinds = result["removed_by_kind"]["race"]
+    assert sum(k["candidates"] for k in kinds.values()) == cross["candidates"]
 
     diagnostics = result["rl_diagnostics"]
-    assert set(diagnostics) == {"rl seed 0", "grpo seed 0"}
+    assert set(diagnostics) == {"rl seed 0", "grpo seed 0", "grpo+lp0.01 seed 0"}
     for name, (metrics,) in diagnostics.items():  # one iteration each, checked against its stored rollouts
         rollouts = rollouts_from_json(store.get_bytes(metrics["rollouts_object"]).decode())
         assert metrics["rollouts"] == len(rollouts) == 4
+        assert all(r.environment == lookup.environment for r in rollouts)
         assert metrics["policy_tokens"] == sum(sum(r.policy_mask) for r in rollouts) > 0
         assert metrics["total_turns"] == sum(len(r.turns) for r in rollouts)
         assert metrics["success_rate"] == sum(r.success for r in rollouts) / 4
@@ -98,6 +122,8 @@ def test_the_whole_loop_runs_on_a_real_instruct_model(prefect_harness, smollm2_c
         assert (metrics["closure_loss"] > 0) == (metrics["closure_terms"] > 0)  # −Σ log p(close) / T_total
         if name.startswith("grpo"):
             assert metrics["masked_tokens"] == metrics["closure_terms"] == 0
+    race_entry = result["arms"][0]
+    assert set(race_entry) >= {"rl", "grpo", "grpo+lp0.01"}
     again = race_ablate(**run)
     assert again["computed"] == 0 and again["arms"] == result["arms"]
-    assert (out / "report.md").read_text().count("RL diagnostics") == 2
+    assert (out / "report.md").read_text().count("RL diagnostics") == len(diagnostics) == 3  # one table per RL run
