@@ -19,14 +19,16 @@ def plain_action_means(model, renderer, trajectory):
             for a, b in rendered.action_spans]
 
 
-@pytest.mark.parametrize(("prefix_reuse", "in_place"), [(True, True), (True, False), (False, False)],
-                         ids=["prefix-in-place", "prefix-copied", "no-reuse"])
+# chunk_tokens 5: many chunks, padding inside chunks (copied prefixes); prefixes read in place feed a
+# batch in one call, so chunk_tokens does not apply to them and they run once per batch size
+_PATHS = [(reuse, False, chunk) for reuse in (True, False) for chunk in (0, 5, 128)] + [(True, True, 128)]
+
+
+@pytest.mark.parametrize(("prefix_reuse", "in_place", "chunk_tokens"), _PATHS,
+                         ids=[f"{'in-place' if i else 'copied' if r else 'no-reuse'}-chunk{c}" for r, i, c in _PATHS])
 @pytest.mark.parametrize("batch_size", [1, 7])
-@pytest.mark.parametrize("chunk_tokens", [0, 5, 128])  # 5: many chunks, padding inside chunks (copied prefixes)
 def test_scorer_equals_plain_forward_over_cover_like_rounds(tiny_policy, expert_trajectories, prefix_reuse, in_place,
                                                            batch_size, chunk_tokens):
-    if in_place and chunk_tokens != 128:
-        pytest.skip("prefixes read in place feed a batch in one call: chunk_tokens does not apply")
     model, tokenizer = tiny_policy
     renderer = Renderer(tokenizer)
     scorer = HFScorer(model, tokenizer, batch_size=batch_size, prefix_reuse=prefix_reuse,

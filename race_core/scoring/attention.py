@@ -48,14 +48,14 @@ PLAIN = frozenset({"llama", "mistral", "qwen2", "qwen3", "smollm3", "olmo", "olm
 
 
 def supported(model) -> bool:
-    """Whether the model's attention can be split in place: a CPU model of a `PLAIN` type with no
-    sliding window, soft-capping or sinks configured, and a torch with the CPU flash kernel."""
+    """Whether the model's attention can be split in place: a CPU model of a `PLAIN` type (none of them
+    has attention sinks) with no sliding window or logit soft-capping configured."""
     config = model.config.get_text_config()
     if next(model.parameters()).device.type != "cpu" or config.model_type not in PLAIN:
         return False
     if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
         return False
-    return not any(getattr(config, name, None) for name in ("attn_logit_softcapping", "layer_types_sliding"))
+    return not getattr(config, "attn_logit_softcapping", None)
 
 
 def _merge(out: torch.Tensor, lse: torch.Tensor, part: torch.Tensor, part_lse: torch.Tensor
