@@ -67,7 +67,7 @@ def _rss() -> int:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _long_trajectory(tokens: int, renderer):
+def long_trajectory(tokens: int, renderer):
     """One trajectory of expert calculator turns whose rendering is at least `tokens` long."""
     from race_core.envs.expert import expert_dataset
     from race_core.schema import Trajectory
@@ -97,7 +97,7 @@ def run_case(checkpoint: str, case: Case) -> dict[str, Any]:
     if case.layers:
         model.model.layers = model.model.layers[:case.layers]
         model.config.num_hidden_layers = case.layers
-    trajectory = _long_trajectory(case.tokens, Renderer(tokenizer))
+    trajectory = long_trajectory(case.tokens, Renderer(tokenizer))
     options = TrainOptions(mixed_precision="bf16" if case.precision == "bf16-autocast" else "no",
                            gradient_checkpointing=case.gradient_checkpointing)
     config = SFTConfig(steps=1, batch_size=1, max_length=case.tokens, lr=1e-5)
