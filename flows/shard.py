@@ -60,7 +60,7 @@ def race_units(store: str, kind: str, spec: dict[str, Any], units: list[dict[str
             worker = job.worker(artifacts, device, log, publish, planned=units)
             try:
                 for unit in units:
-                    done = worker.do(unit, force)
+                    done = worker.run(unit, force)
                     outcome = "skipped" if done["skipped"] else "committed" if done["committed"] else "dropped"
                     counts[outcome] += 1
                     counts["read_bytes"] += done["read_bytes"]

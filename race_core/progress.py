@@ -133,7 +133,8 @@ class CoverProgress:
 
     `shard(trajectories, renderer)` before each shard gives the `progress` callback of
     `race_core.cover.logic_cover` for it; `skip(n)` counts trajectories that will not be scored (too
-    long); `log(message)` writes a log line without breaking the bar; `close()` ends the display."""
+    long); `mark()` and `rewind(mark)` take back a shard's counts (it is scored again); `log(message)`
+    writes a log line without breaking the bar; `close()` ends the display."""
 
     def __init__(self, trajectories_total: int | None = None, *, log: Callable[[str], None] | None = None,
                  publish: Callable[[ProgressFigures], None] | None = None, stream: TextIO | None = None,
@@ -176,6 +177,16 @@ class CoverProgress:
             self._update(f"cover: {label}: round {t}/{last_round}, {scored}")
 
         return progress
+
+    def mark(self) -> tuple[int, ...]:
+        """The counts so far, for `rewind` (a shard scored again after it ran out of memory)."""
+        return (self._begun, self._skipped, self._tokens_predicted, self._candidates_predicted, self._tokens_done,
+                self._candidates_done)
+
+    def rewind(self, mark: tuple[int, ...]) -> None:
+        """Take back what was counted since `mark`."""
+        (self._begun, self._skipped, self._tokens_predicted, self._candidates_predicted, self._tokens_done,
+         self._candidates_done) = mark
 
     def skip(self, n: int) -> None:
         """`n` trajectories of the input will not be scored: they leave the predicted work."""

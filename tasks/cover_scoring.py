@@ -1,7 +1,7 @@
 """Scoring the cover's trajectories in one process: the scorer the cover builds, the trajectories
 too long to score, and `ShardScorer`, which scores shard after shard with one scorer (docs/architecture.md §4).
-`tasks.shards` commits what it scores. `with_oom_backoff`: the cover stage run again smaller when
-memory runs out."""
+`tasks.shards` commits what it scores (and, when memory runs out, scores a shard again with the
+`shrunk` resources)."""
 
 from __future__ import annotations
 
@@ -115,31 +115,18 @@ class ShardScorer:
             self.scorer.close()
 
 
-def is_out_of_memory(exc: BaseException) -> bool:
-    return isinstance(exc, MemoryError) or "out of memory" in str(exc).lower()
-
-
 KV_BUDGET_FLOOR = 64 * 2**20  # out-of-memory retries do not halve the KV budget below this (64 MiB)
 
 
-def with_oom_backoff(run: Callable[[Resources], dict[str, Any]], resources: Resources,
-                     log: Callable[[str], None]) -> dict[str, Any]:
-    """Run `run(resources)`; on out-of-memory halve what grows with the work, the batch size (down to
-    1) and the hf scorer's KV budget (down to KV_BUDGET_FLOOR; an automatic one is first resolved on
-    the memory free now), log both and run again. The error is raised when neither can shrink."""
-    while True:
-        try:
-            return run(resources)
-        except Exception as exc:  # noqa: BLE001 - only OOM is handled, everything else re-raised
-            at_floor = resources.batch_size <= 1 and 0 < resources.kv_budget <= KV_BUDGET_FLOOR
-            if not is_out_of_memory(exc) or at_floor:
-                raise
-        # past the except block, the failed run's frames and the memory they held are released
-        _empty_cuda_cache()
-        resources = _shrunk(resources, log)
+def can_shrink(resources: Resources) -> bool:
+    """Whether `shrunk` has anything left to halve."""
+    return resources.batch_size > 1 or not 0 < resources.kv_budget <= KV_BUDGET_FLOOR
 
 
-def _shrunk(resources: Resources, log: Callable[[str], None]) -> Resources:
+def shrunk(resources: Resources) -> tuple[Resources, str]:
+    """The resources of a cover's next try after it ran out of memory, and what changed: what grows
+    with the work halved, the batch size (down to 1) and the hf scorer's KV budget (down to
+    KV_BUDGET_FLOOR; an automatic one is first resolved on the memory free now)."""
     from race_core.memory import automatic_kv_budget, format_size
 
     kv_budget = resources.kv_budget or automatic_kv_budget(resources.device)
@@ -147,16 +134,5 @@ def _shrunk(resources: Resources, log: Callable[[str], None]) -> Resources:
                       kv_budget=min(kv_budget, max(KV_BUDGET_FLOOR, kv_budget // 2)))
     was = (format_size(kv_budget) if resources.kv_budget
            else f"automatic: half the free memory, {format_size(kv_budget)} now")
-    log(f"out of memory: retrying with batch size {smaller.batch_size} (was {resources.batch_size}) and KV "
-        f"budget {format_size(smaller.kv_budget)} (was {was})")
-    return smaller
-
-
-def _empty_cuda_cache() -> None:
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-    except ImportError:
-        pass
+    return smaller, (f"batch size {smaller.batch_size} (was {resources.batch_size}) and KV budget "
+                     f"{format_size(smaller.kv_budget)} (was {was})")

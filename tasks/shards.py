@@ -41,7 +41,7 @@ from race_core.scoring import sum_work
 from storage import ArtifactStore, stage_key
 from storage.parquet import DatasetWriter, iter_rows_from_store, read_dataset_from_store, row_to_trajectory
 from tasks.base import TempDataset
-from tasks.cover_scoring import ShardScorer, cover_key_config, cover_scorer
+from tasks.cover_scoring import ShardScorer, can_shrink, cover_key_config, cover_scorer, shrunk
 from tasks.fingerprints import stage_code
 from tasks.policy_ref import PolicyRef
 from tasks.rows import read_rows
@@ -232,13 +232,29 @@ class CoverWorker(UnitWorker):
         self.job, self.store, self.device = job, store, device
         total = sum(map(job.size, planned)) if planned is not None else None
         self.progress = CoverProgress(total, log=log, publish=publish)
-        sized = replace(job.resources, device=device)
-
-        def make_scorer() -> Any:
-            return cover_scorer(job.config, job.policy.local_path(store), sized)
-
-        self.scorer = ShardScorer(job.config, job.policy.digest, job.make_scorer or make_scorer, self.progress)
+        self.sized = replace(job.resources, device=device)
+        self.scorer = self._shard_scorer()
         self.reuse = _Reuse(store)
+        self._shard: tuple[int, Any] | None = None  # the shard being scored, and the progress before it
+
+    def _shard_scorer(self) -> ShardScorer:
+        sized, path = self.sized, self.job.policy.local_path(self.store)
+        return ShardScorer(self.job.config, self.job.policy.digest,
+                           self.job.make_scorer or (lambda: cover_scorer(self.job.config, path, sized)), self.progress)
+
+    def can_shrink(self) -> bool:
+        """A scorer built here can be rebuilt smaller; one given to the stage cannot."""
+        return self.job.make_scorer is None and can_shrink(self.sized)
+
+    def shrink(self) -> None:
+        """The failed shard's progress taken back, its scorer (model and kept prefixes) freed, and a
+        new one built with half the batch and KV budget (`tasks.cover_scoring.shrunk`)."""
+        index, mark = self._shard
+        self.progress.rewind(mark)
+        self.scorer.close()
+        self.sized, change = shrunk(self.sized)
+        self.scorer = self._shard_scorer()
+        self.progress.log(f"cover: out of memory on shard {index}: scoring it again with {change}")
 
     def do(self, unit: Unit, force: bool = False) -> dict[str, Any]:
         shard = Shard(unit["index"], tuple(unit["ids"]))
@@ -246,6 +262,7 @@ class CoverWorker(UnitWorker):
         if not force and committed(self.store, key) is not None:  # another writer finished it meanwhile
             self.progress.skip(len(shard.ids))
             return {"committed": False, "skipped": True, "read_bytes": 0, "load_s": 0.0}
+        self._shard = shard.index, self.progress.mark()
         loaded = self.scorer.load_s
         trajectories, read = read_shard(self.store, self.job.trajectories, unit)
         self.reuse.where.update(unit.get("reuse") or {})

@@ -43,7 +43,7 @@ from storage import ArtifactStore
 from storage.parquet import compressed_row, iter_rows_from_store
 from tasks import shards
 from tasks.base import Log, StageNotRun, TempDataset, _quiet, iter_trajectories, run_stage  # noqa: F401 - re-exported
-from tasks.cover_scoring import cover_key_config, cover_scorer, with_oom_backoff  # noqa: F401 - cover_scorer: re-exported
+from tasks.cover_scoring import cover_key_config, cover_scorer  # noqa: F401 - cover_scorer: re-exported
 from tasks.executors import executor_for
 from tasks.policy_ref import PolicyRef
 
@@ -279,14 +279,11 @@ def cover_stage(store: ArtifactStore, *, trajectories: dict[str, Any], policy: P
                 config: CoverConfig, resources: Resources, log: Log = _quiet, only_cached: bool = False,
                 force: bool = False, on_progress: Callable[[ProgressFigures], None] | None = None) -> dict[str, Any]:
     """The LoGiC cover over the trajectories of an ingest (or select-new) manifest, scored by `policy`
-    -> decisions; out of memory, it runs again with a smaller batch and KV budget (`with_oom_backoff`)."""
+    -> decisions; a shard that runs out of memory is scored again with a smaller batch and KV budget
+    (`tasks.shards.CoverWorker.shrink`), on every executor."""
     policy = PolicyRef.of(policy)
-
-    def run(sized: Resources) -> dict[str, Any]:
-        return cover(store, trajectories["objects"]["trajectories"], policy.local_path(store), policy.digest, config,
-                     sized, log=log, only_cached=only_cached, force=force, on_progress=on_progress)
-
-    return with_oom_backoff(run, resources, log)
+    return cover(store, trajectories["objects"]["trajectories"], policy.local_path(store), policy.digest, config,
+                 resources, log=log, only_cached=only_cached, force=force, on_progress=on_progress)
 
 
 def compress_stage(store: ArtifactStore, *, trajectories: dict[str, Any], decided: dict[str, Any],

@@ -37,14 +37,46 @@ UNIT_KINDS: dict[str, str] = {
 }
 
 
+def out_of_memory(exc: BaseException) -> bool:
+    """An allocation that did not fit: accelerate's test (`should_reduce_batch_size`: the messages of
+    the CUDA, XPU, MPS and CPU allocators) or Python's MemoryError (numpy, the standard library)."""
+    from accelerate.utils.memory import should_reduce_batch_size
+
+    return isinstance(exc, MemoryError) or should_reduce_batch_size(exc)
+
+
 class UnitWorker(ABC):
-    """Does a job's units in this process, in turn; `close()` frees the model."""
+    """Does a job's units in this process, in turn; `close()` frees the model. Executors call `run`,
+    which does a unit again smaller when memory runs out (a worker that can shrink says so)."""
 
     @abstractmethod
     def do(self, unit: Unit, force: bool = False) -> dict[str, Any]:
         """Do the unit (unless it is committed already, and not `force`) and commit it; returns
         counts: `committed` (this worker's copy won), `skipped` (committed before), `read_bytes`
         (of the job's input read for it), `load_s` (model load time it paid)."""
+
+    def can_shrink(self) -> bool:
+        """Whether `shrink` can make the next try of a unit need less memory (default: no)."""
+        return False
+
+    def shrink(self) -> None:
+        """Make the next try of a unit need less memory (and log how)."""
+        raise NotImplementedError
+
+    def run(self, unit: Unit, force: bool = False) -> dict[str, Any]:
+        """`do` the unit; out of memory (`out_of_memory`), `shrink` and do it again until it fits, or
+        raise the error when nothing can shrink. On a Prefect pool, on Ray and in this process alike."""
+        from accelerate.utils.memory import clear_device_cache
+
+        while True:
+            try:
+                return self.do(unit, force)
+            except Exception as exc:  # noqa: BLE001 - only out of memory is retried, everything else re-raised
+                if not out_of_memory(exc) or not self.can_shrink():
+                    raise
+            # past the except block: the failed try's frames, and the memory they held, are released
+            clear_device_cache(garbage_collection=True)
+            self.shrink()
 
     def close(self) -> None:
         return None

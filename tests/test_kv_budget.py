@@ -1,6 +1,6 @@
 """The HF scorer's KV-prefix copies stay within a byte budget (issue 16): dropping copies costs time,
-never decisions; the budget is a resource, not part of the cover's key; out of memory shrinks both the
-batch and the budget."""
+never decisions; the budget is a resource, not part of the cover's key; a shard out of memory is scored
+again with half the batch and the budget, on every executor (the unit worker does it)."""
 
 import pytest
 import torch
@@ -15,7 +15,8 @@ from race_core.scoring import ScoreRequest
 from race_core.scoring.hf import HFScorer
 from storage import ArtifactStore
 from tasks import stages
-from tasks.cover_scoring import KV_BUDGET_FLOOR, with_oom_backoff
+from tasks.cover_scoring import KV_BUDGET_FLOOR, can_shrink, shrunk
+from tasks.units import UnitWorker, out_of_memory
 
 EPS = 1e-3
 UNBOUNDED = 10**15
@@ -114,62 +115,99 @@ def test_the_kv_budget_is_not_part_of_the_cover_key(tiny_checkpoint, demo_inputs
     assert again["cached"] is True and again["objects"] == first["objects"]
 
 
+def test_out_of_memory_halves_the_batch_and_the_kv_budget_down_to_their_floors():
+    smaller, change = shrunk(Resources(batch_size=16, kv_budget="1GiB"))
+    assert smaller == Resources(batch_size=8, kv_budget="512MiB")
+    assert change == "batch size 8 (was 16) and KV budget 512.0 MiB (was 1.0 GiB)"
+    automatic, change = shrunk(Resources(batch_size=8))  # an automatic budget is resolved on the memory free now
+    assert automatic.batch_size == 4 and KV_BUDGET_FLOOR <= automatic.kv_budget <= automatic_kv_budget("cpu")
+    assert "(was automatic: half the free memory, " in change and change.endswith(" now)")
+    sizes, resources = [], Resources(batch_size=2, kv_budget=4 * KV_BUDGET_FLOOR)
+    while can_shrink(resources):
+        resources, _ = shrunk(resources)
+        sizes.append((resources.batch_size, resources.kv_budget))
+    assert sizes == [(1, 2 * KV_BUDGET_FLOOR), (1, KV_BUDGET_FLOOR)]
+
+
+def test_a_shard_out_of_memory_is_scored_again_smaller_and_decides_what_a_run_at_that_size_decides(
+        tiny_checkpoint, demo_inputs, tmp_path, monkeypatch):
+    from tasks import shards
+
+    real, built = shards.cover_scorer, []
+
+    def scorer_that_runs_out(config, checkpoint, resources):
+        """The real scorer; above batch 4 its second call raises the CPU allocator's out-of-memory
+        error (a fault injected on purpose: a real one would need the machine's memory filled)."""
+        scorer, calls = real(config, checkpoint, resources), []
+        built.append(resources.batch_size)
+        if resources.batch_size > 4:
+            score = scorer.score
+
+            def short_of_memory(requests):
+                calls.append(1)
+                if len(calls) > 1:
+                    raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate "
+                                       "memory: you tried to allocate 2147483648 bytes (injected)")
+                return score(requests)
+
+            scorer.score = short_of_memory
+        return scorer
+
+    monkeypatch.setattr(shards, "cover_scorer", scorer_that_runs_out)
+    digest = checkpoint_digest(tiny_checkpoint)
+    store = ArtifactStore(str(tmp_path / "store"))
+    trajectories = stages.ingest(store, demo_inputs)["objects"]["trajectories"]
+    log, figures = _Log(), []
+    shrinking = stages.cover(store, trajectories, str(tiny_checkpoint), digest, CoverConfig(),
+                             Resources(batch_size=16, kv_budget="1GiB", shard_size=4), log=log,
+                             on_progress=figures.append)
+    assert built == [16, 8, 4]  # two tries of the first shard ran out; the rest ran at batch 4
+    retries = [line for line in log if "out of memory" in line]
+    assert retries == ["cover: out of memory on shard 0: scoring it again with batch size 8 (was 16) and KV budget "
+                       "512.0 MiB (was 1.0 GiB)",
+                       "cover: out of memory on shard 0: scoring it again with batch size 4 (was 8) and KV budget "
+                       "256.0 MiB (was 512.0 MiB)"]
+    n = shrinking["metrics"]["trajectories"]
+    assert figures[-1].trajectories_begun == n  # the failed tries' progress was taken back
+    clean_store = ArtifactStore(str(tmp_path / "clean"))
+    clean = stages.cover(clean_store, stages.ingest(clean_store, demo_inputs)["objects"]["trajectories"],
+                         str(tiny_checkpoint), digest, CoverConfig(), Resources(batch_size=4, shard_size=4))
+    assert clean["objects"] == shrinking["objects"]  # the same bytes
+
+
 class _Log(list):
     def __call__(self, message: str) -> None:
         self.append(message)
 
 
-def test_out_of_memory_halves_the_batch_and_the_kv_budget_and_says_so():
-    tried, log = [], _Log()
+class _Worker(UnitWorker):
+    """A worker whose every try runs out of memory (injected), or fails otherwise."""
 
-    def run(resources):
-        tried.append((resources.batch_size, resources.kv_budget))
-        if resources.batch_size > 4:
-            raise MemoryError("injected")  # a fake OOM, raised on purpose: the real one would need a full machine
-        return {"ran_with": resources}
+    def __init__(self, error: Exception, shrinks: int):
+        self.error, self.left, self.tries = error, shrinks, 0
 
-    result = with_oom_backoff(run, Resources(batch_size=16, kv_budget="1GiB"), log)
-    assert result["ran_with"] == Resources(batch_size=4, kv_budget="256MiB")
-    assert tried == [(16, 2**30), (8, 2**29), (4, 2**28)]
-    assert log == ["out of memory: retrying with batch size 8 (was 16) and KV budget 512.0 MiB (was 1.0 GiB)",
-                   "out of memory: retrying with batch size 4 (was 8) and KV budget 256.0 MiB (was 512.0 MiB)"]
+    def do(self, unit, force=False):
+        self.tries += 1
+        raise self.error
 
+    def can_shrink(self):
+        return self.left > 0
 
-def test_out_of_memory_resolves_an_automatic_budget_before_halving_it():
-    tried, log = [], _Log()
-
-    def run(resources):
-        tried.append(resources)
-        if len(tried) == 1:
-            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")  # injected fake OOM
-        return {}
-
-    with_oom_backoff(run, Resources(batch_size=8), log)
-    assert tried[0].kv_budget == 0 and tried[1].batch_size == 4
-    assert KV_BUDGET_FLOOR <= tried[1].kv_budget <= automatic_kv_budget("cpu")
-    assert "(was automatic: half the free memory, " in log[0] and log[0].endswith(" now)")
+    def shrink(self):
+        self.left -= 1
 
 
-def test_out_of_memory_gives_up_when_nothing_can_shrink_and_other_errors_are_not_retried():
-    tried = []
-
-    def oom(resources):
-        tried.append((resources.batch_size, resources.kv_budget))
-        raise MemoryError("injected")  # a fake OOM on every try
-
-    with pytest.raises(MemoryError):
-        with_oom_backoff(oom, Resources(batch_size=2, kv_budget=4 * KV_BUDGET_FLOOR), _Log())
-    assert tried == [(2, 4 * KV_BUDGET_FLOOR), (1, 2 * KV_BUDGET_FLOOR), (1, KV_BUDGET_FLOOR)]
-
-    tried.clear()
-
-    def bad_row(resources):
-        tried.append(resources.batch_size)
-        raise ValueError("a bad row, not memory")
-
+def test_a_unit_out_of_memory_is_raised_once_nothing_can_shrink_and_other_errors_are_not_retried():
+    worker = _Worker(MemoryError("injected"), shrinks=2)
+    with pytest.raises(MemoryError, match="injected"):
+        worker.run({"index": 0})
+    assert worker.tries == 3 and worker.left == 0
+    worker = _Worker(ValueError("a bad row, not memory"), shrinks=2)
     with pytest.raises(ValueError, match="a bad row"):
-        with_oom_backoff(bad_row, Resources(batch_size=16), _Log())
-    assert tried == [16]
+        worker.run({"index": 0})
+    assert worker.tries == 1 and worker.left == 2
+    assert out_of_memory(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert not out_of_memory(RuntimeError("shape mismatch: out of memory is not in this one"))
 
 
 def test_the_memory_bench_reports_peak_rss_and_the_kv_bytes_held_at_the_peak(tiny_checkpoint):

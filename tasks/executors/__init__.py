@@ -68,6 +68,6 @@ class LocalExecutor:
         worker = job.worker(store, resources.device, log, on_progress, planned=todo)
         try:
             for unit in todo:
-                worker.do(unit, force)
+                worker.run(unit, force)
         finally:
             worker.close()

@@ -64,7 +64,7 @@ class UnitActor:
         return f"{self.where} (node {ray.get_runtime_context().get_node_id()})"
 
     def do(self, unit: Unit, force: bool) -> dict[str, Any]:
-        return {**self.worker.do(unit, force), "worker": self.where}
+        return {**self.worker.run(unit, force), "worker": self.where}
 
 
 def _cpu_nodes(ray: Any) -> list[int]:
