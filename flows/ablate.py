@@ -13,6 +13,7 @@ resumes at the first stage without a manifest.
 
 from __future__ import annotations
 
+import importlib.util
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,8 +102,13 @@ PRESETS["gpu-lookup"] = AblatePreset(
     "gpu-lookup", replace(_LOOKUP, **{"rl.sampler": "vllm", "evaluate.sampler": "vllm", "resources.mixed_precision": "bf16"}),
     input_tasks=256, epsilons=EPSILON_SWEEP, length_penalties=(0.001, 0.003, 0.01),
     bootstrap=AgentBootstrapConfig(env="lookup", expert_tasks=1024, sft=_LOOKUP_SFT))
+# Sampling on this CPU where vLLM is installed (`race bench sampling`, SmolLM2 bootstrapped on lookup, 16
+# held-out episodes, greedy): vLLM-CPU played them 3.4x faster than transformers' generate (34.9 s against
+# 118.9 s; its engine starts in 54 s), every episode token for token the same.
+_CPU_SAMPLER = "vllm" if importlib.util.find_spec("vllm") is not None else "hf"  # installed (not imported: seconds)
 PRESETS["cpu-lookup"] = AblatePreset(
-    "cpu-lookup", replace(_LOOKUP, **{"rl.iterations": 2, "rl.tasks_per_iteration": 8, "evaluate.tasks": 64}),
+    "cpu-lookup", replace(_LOOKUP, **{"rl.iterations": 2, "rl.tasks_per_iteration": 8, "evaluate.tasks": 64,
+                                      "rl.sampler": _CPU_SAMPLER, "evaluate.sampler": _CPU_SAMPLER}),
     seeds=(0, 1, 2), input_tasks=48, epsilons=EPSILON_SWEEP, length_penalties=(0.003,),
     bootstrap=AgentBootstrapConfig(env="lookup", expert_tasks=512, sft=_LOOKUP_SFT),
     left_out="48 input tasks (not 256), 64 held-out tasks (not 200), 2 RL iterations of 8 tasks (not 12 of 16), "
@@ -179,7 +185,8 @@ def race_ablate(home: str = ".race", out: str = "runs/ablate", seeds: tuple[int,
         raise ValueError(f"parameters 'rl.env' and 'evaluate.env': {config.rl.env!r} and {config.evaluate.env!r}; "
                          "an ablation trains and evaluates in one environment")
     paths = list(config.inputs) or [demo_inputs_task(checkpoint, home, 0, tasks=input_tasks, shape=config.rl.shape,
-                                                     difficulty=config.rl.difficulty, env=config.rl.env)["path"]]
+                                                     difficulty=config.rl.difficulty, env=config.rl.env, sampler=config.rl.sampler,
+                                                     resources=config.resources)["path"]]
     chosen = {"epsilon": epsilons[0] if len(epsilons) == 1 else config.cover.epsilon, "why": "given"}
     if len(epsilons) > 1:
         chosen = sweep_task(replace(config, inputs=tuple(paths), checkpoint=checkpoint, store=store), tuple(epsilons),

@@ -19,7 +19,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.pipeline import run_pipeline
-from race_core.config import DEMO_CONFIG, PipelineConfig, replace
+from race_core.config import DEMO_CONFIG, PipelineConfig, Resources, replace
 from race_core.policy import checkpoint_digest
 
 DEMO_INPUT_TASKS = 128  # training tasks the bootstrap policy plays to make the RACE input
@@ -47,9 +47,11 @@ def bootstrap_task(home: str, kinds: bool = False) -> dict[str, Any]:
 
 @task(name="demo-inputs", cache_policy=NO_CACHE, retries=1)
 def demo_inputs_task(checkpoint: str, home: str, seed: int, tasks: int = DEMO_INPUT_TASKS,
-                     shape: str = "random", difficulty: int | None = None, env: str = "calculator") -> dict[str, Any]:
+                     shape: str = "random", difficulty: int | None = None, env: str = "calculator",
+                     sampler: str = "hf", resources: Resources | None = None) -> dict[str, Any]:
     """Play the policy on training tasks; its successful episodes become the RACE input JSONL (none
-    is an error: the policy does not play yet)."""
+    is an error: the policy does not play yet). `sampler`: hf (transformers) or vllm, on the device,
+    dtype and engine options of `resources` (vLLM's episodes are its own draws: a file of its own)."""
     from race_core.policy import load_policy
     from race_core.rollout import sample_successful_trajectories
 
@@ -57,13 +59,17 @@ def demo_inputs_task(checkpoint: str, home: str, seed: int, tasks: int = DEMO_IN
     samples, temperature = DEMO_INPUT_SAMPLES, DEMO_INPUT_TEMPERATURE
     digest = checkpoint_digest(checkpoint)[:16]
     kind = (("" if env == "calculator" else f"-{env}") + ("" if shape == "random" else f"-{shape}")
-            + ("" if difficulty is None else f"-d{difficulty}"))
+            + ("" if difficulty is None else f"-d{difficulty}") + ("" if sampler == "hf" else f"-{sampler}"))
     path = Path(home) / "demo" / f"inputs-{digest}-{tasks}x{samples}-{seed}-t{temperature:g}{kind}.jsonl"
     cached = path.exists()
     if not cached:
-        model, tokenizer = load_policy(checkpoint)
-        trajectories, played = sample_successful_trajectories(model, tokenizer, tasks, samples, seed, temperature,
-                                                              shape, difficulty, env)
+        if sampler == "hf":
+            model, tokenizer = load_policy(checkpoint)
+            trajectories, played = sample_successful_trajectories(model, tokenizer, tasks, samples, seed, temperature,
+                                                                  shape, difficulty, env)
+        else:
+            trajectories, played = _successful_episodes_of(sampler, checkpoint, resources or Resources(), tasks,
+                                                           samples, seed, temperature, shape, difficulty, env)
         if not trajectories:
             raise ValueError(f"policy {checkpoint}: none of its {played} episodes on {tasks} {env} training tasks "
                              "succeeded, and its own successful episodes are RACE's input: train it to play first "
@@ -72,8 +78,29 @@ def demo_inputs_task(checkpoint: str, home: str, seed: int, tasks: int = DEMO_IN
         tmp = path.with_suffix(".tmp")
         tmp.write_text("".join(json.dumps(t.to_dict()) + "\n" for t in trajectories))
         tmp.rename(path)
-        get_run_logger().info("demo inputs: %d successful of %d episodes -> %s", len(trajectories), played, path)
+        get_run_logger().info("demo inputs: %d successful of %d episodes (%s) -> %s", len(trajectories), played,
+                              sampler, path)
     return {"path": str(path), "cached": cached, "wall_s": round(time.perf_counter() - started, 3)}
+
+
+def _successful_episodes_of(backend: str, checkpoint: str, resources: Resources, tasks: int, samples: int, seed: int,
+                            temperature: float, shape: str, difficulty: int | None, env: str):
+    """`race_core.rollout.sample_successful_trajectories`'s episodes played by another sampling backend
+    (vLLM's) over the checkpoint, on the device, dtype and engine options of `resources`."""
+    from race_core.envs import get_environment
+    from race_core.rollout import play_episodes
+    from race_core.sampling import SamplingParams, make_sampler
+
+    drawn = get_environment(env).generate_tasks(tasks, seed, difficulty, split="train", shape=shape)
+    sampler = make_sampler(backend, checkpoint, device=resources.device, dtype=resources.dtype,
+                           **resources.engine_options(backend))
+    try:
+        rollouts = play_episodes(None, None, drawn, samples, SamplingParams(temperature=temperature, seed=seed),
+                                 sampler=sampler)
+    finally:
+        sampler.close()
+    trajectories = {t.id: t for r in rollouts if (t := r.to_trajectory()) is not None}
+    return list(trajectories.values()), len(rollouts)
 
 
 @flow(name="race-demo", log_prints=True)
