@@ -4,7 +4,8 @@ bootstrap the kinds policy (`race_core.train.bootstrap.KINDS`, cached) -> its su
 two-part training tasks (the trajectories every arm is made from) -> the cover at ε twice (RACE,
 and local-only) -> the five arms of `race_core.ablation` -> per arm and SFT seed: SFT the same
 bootstrap policy, evaluate on the same held-out two-part tasks -> from each seed's RACE policy,
-`rl.iterations` of cover-aware RL and, on the same rollout budget, of plain GRPO -> evaluate ->
+`rl.iterations` of cover-aware RL and, on the same rollout budget, of plain GRPO -> evaluate -> with
+`curve`, RACE and local-only also at the sweep's ε on each side of the chosen one (first seed) ->
 `ablation.json`, `report.md`, `ablation.png` in OUT and as Prefect artifacts.
 
 Every stage is cached in the store under its key, so a rerun computes nothing and an interrupted one
@@ -56,6 +57,7 @@ class AblatePreset:
     epsilons: tuple[float, ...] = ()  # several: the sweep on the inputs chooses; none: config.cover.epsilon
     length_penalties: tuple[float, ...] = ()  # λ of the GRPO + reasoning-length-penalty runs (one RL run each)
     rl_eval_every: int = 0  # evaluate the RL policies every N iterations too (0: only after the last)
+    curve: int = 0  # sweep ε values on each side of the chosen one where RACE and local-only are also trained
     bootstrap: AgentBootstrapConfig | None = None  # how a chat checkpoint is made a policy of the environment
     left_out: str = ""
 
@@ -100,7 +102,7 @@ _LOOKUP = replace(_REAL, **{"rl.env": "lookup", "evaluate.env": "lookup", "rl.sh
                             "rl.micro_batch": 2, "resources.mixed_precision": "bf16" if fast_bf16() else "no"})
 PRESETS["gpu-lookup"] = AblatePreset(
     "gpu-lookup", replace(_LOOKUP, **{"rl.sampler": "vllm", "evaluate.sampler": "vllm", "resources.mixed_precision": "bf16"}),
-    input_tasks=256, epsilons=EPSILON_SWEEP, length_penalties=(0.001, 0.003, 0.01),
+    input_tasks=256, epsilons=EPSILON_SWEEP, length_penalties=(0.001, 0.003, 0.01), curve=1,
     bootstrap=AgentBootstrapConfig(env="lookup", expert_tasks=1024, sft=_LOOKUP_SFT))
 # Sampling on this CPU where vLLM is installed (`race bench sampling`, SmolLM2 bootstrapped on lookup, 16
 # held-out episodes, greedy): vLLM-CPU played them 3.4x faster than transformers' generate (34.9 s against
@@ -109,7 +111,7 @@ _CPU_SAMPLER = "vllm" if importlib.util.find_spec("vllm") is not None else "hf" 
 PRESETS["cpu-lookup"] = AblatePreset(
     "cpu-lookup", replace(_LOOKUP, **{"rl.iterations": 2, "rl.tasks_per_iteration": 8, "evaluate.tasks": 64,
                                       "rl.sampler": _CPU_SAMPLER, "evaluate.sampler": _CPU_SAMPLER}),
-    seeds=(0, 1, 2), input_tasks=48, epsilons=EPSILON_SWEEP, length_penalties=(0.003,),
+    seeds=(0, 1, 2), input_tasks=48, epsilons=EPSILON_SWEEP, length_penalties=(0.003,), curve=1,
     bootstrap=AgentBootstrapConfig(env="lookup", expert_tasks=512, sft=_LOOKUP_SFT),
     left_out="48 input tasks (not 256), 64 held-out tasks (not 200), 2 RL iterations of 8 tasks (not 12 of 16), "
              "one length-penalty λ (not three), 512 expert episodes for the bootstrap (not 1024)")
@@ -157,7 +159,7 @@ def race_ablate(home: str = ".race", out: str = "runs/ablate", seeds: tuple[int,
                 input_tasks: int = ABLATE_INPUT_TASKS, config: PipelineConfig = ABLATE_CONFIG,
                 bootstrap: AgentBootstrapConfig | None = None, epsilons: tuple[float, ...] = (),
                 arms: tuple[str, ...] = ARMS, preset: str = "", left_out: str = "",
-                length_penalties: tuple[float, ...] = (), rl_eval_every: int = 0) -> dict[str, Any]:
+                length_penalties: tuple[float, ...] = (), rl_eval_every: int = 0, curve: int = 0) -> dict[str, Any]:
     """The arms x `seeds` SFT runs, then cover-aware RL vs plain GRPO from each seed's RACE policy.
 
     The policy: `config.checkpoint`, made a calculator policy first by `bootstrap` when given (a chat
@@ -229,7 +231,7 @@ def race_ablate(home: str = ".race", out: str = "runs/ablate", seeds: tuple[int,
             for phase, cover_aware, penalty in rl_phases(length_penalties):
                 rl = replace(config.rl, seed=entry["seed"], cover_aware=cover_aware, length_penalty=penalty)
                 policy: Any = race_policies[entry["seed"]]
-                curve = []  # greedy held-out figures every `every` iterations (and after the last)
+                figures = []  # greedy held-out figures every `every` iterations (and after the last)
                 for i in range(rl.iterations):
                     sampled = stage_task("sample")(store, policy=policy, iteration=i, config=rl, resources=resources)
                     policy = stage_task("rl")(store, policy=policy, sampled=sampled, iteration=i, config=rl,
@@ -241,10 +243,26 @@ def race_ablate(home: str = ".race", out: str = "runs/ablate", seeds: tuple[int,
                         evaluated = evaluate(store, policy=policy, config=config.evaluate, resources=resources,
                                              label=f"race+{phase} seed {entry['seed']} iteration {i + 1}")
                         manifests.append(evaluated)
-                        curve.append({"iteration": i + 1, **_metrics(evaluated, policy)})
-                entry[phase] = {**curve[-1], "curve": curve, "moved_after": _moved_after(entry, curve)}
+                        figures.append({"iteration": i + 1, **_metrics(evaluated, policy)})
+                entry[phase] = {**figures[-1], "curve": figures, "moved_after": _moved_after(entry, figures)}
+    points = [{**{k: v for k, v in e.items() if not isinstance(v, dict)}, "epsilon": eps}
+              for e in results if e["arm"] in COVER_ARMS and e["seed"] == seeds[0]]
+    for other in curve_epsilons(eps, epsilons, curve):  # the trade-off curve: RACE and local-only at other ε
+        for arm, local_only in COVER_ARMS.items():
+            if arm not in arms:
+                continue
+            cover = replace(config.cover, epsilon=other, local_only=local_only)
+            decided = stage_task("cover")(store, trajectories=ingested, policy=base, config=cover, resources=resources)
+            squeezed = stage_task("compress")(store, trajectories=ingested, decided=decided, policy=base, config=cover)
+            policy = stage_task("sft")(store, compressed=squeezed, base=base, config=replace(config.sft, seed=seeds[0]),
+                                       resources=resources)
+            evaluated = evaluate(store, policy=policy, label=f"{arm} ε {other:g} seed {seeds[0]}",
+                                 config=config.evaluate, resources=resources)
+            manifests += [decided, squeezed, policy, evaluated]
+            points.append({"arm": arm, "seed": seeds[0], "epsilon": other, **_metrics(evaluated, policy)})
     result = {
         "arms": results,
+        "curve": sorted(points, key=lambda p: (p["arm"], p["epsilon"])),  # RACE and local-only at each ε, first seed
         "before": _metrics(before, base),
         "removed_by_kind": _removed_by_kind(store, ingested, compressed),
         "cross_turn": _cross_turn(store, compressed),
@@ -256,7 +274,7 @@ def race_ablate(home: str = ".race", out: str = "runs/ablate", seeds: tuple[int,
         "run": {"command": _command(home, out, config.checkpoint, preset, epsilons), "preset": preset, "left_out": left_out, "seeds": list(seeds),
                 "arms": list(arms),
                 "epsilon": eps, "policy_digest": base.digest, "inputs": paths, "store": store,
-                "rl_iterations": config.rl.iterations, "length_penalties": list(length_penalties),
+                "rl_iterations": config.rl.iterations, "length_penalties": list(length_penalties), "curve": curve,
                 "rollouts_per_iteration": config.rl.tasks_per_iteration * config.rl.group_size,
                 "eval_tasks": config.evaluate.tasks, "wall_s": round(time.perf_counter() - started, 1)},
     }
@@ -268,6 +286,13 @@ def race_ablate(home: str = ".race", out: str = "runs/ablate", seeds: tuple[int,
     create_table_artifact(key="race-ablation-arms", description="success and reasoning tokens per arm and seed",
                           table=[{k: v for k, v in e.items() if not isinstance(v, dict)} for e in results])
     return result
+
+
+def curve_epsilons(chosen: float, swept: tuple[float, ...], per_side: int) -> list[float]:
+    """Up to `per_side` ε values of the sweep on each side of the chosen one (nearest first), ascending."""
+    ordered = sorted(set(swept) | {chosen})
+    at = ordered.index(chosen)
+    return ordered[max(at - per_side, 0):at] + ordered[at + 1:at + 1 + per_side] if per_side else []
 
 
 def _moved_after(start: dict[str, Any], curve: list[dict[str, Any]]) -> int | None:

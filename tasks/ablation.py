@@ -90,7 +90,8 @@ def summarize(arms: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def write_ablation(out_dir: str | Path, result: dict[str, Any]) -> dict[str, Path]:
-    """`ablation.json`, `ablation.png` (success vs reasoning tokens, one point per arm and seed),
+    """`ablation.json`, `ablation.png` (success vs reasoning tokens, one point per arm and seed, and the
+    trade-off curve of RACE and local-only over ε where the run has one),
     `report.md` and `report.html` (the same as one self-contained page) in `out_dir`."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -127,18 +128,33 @@ def plot_ablation(result: dict[str, Any], path: Path) -> Path | None:
                        color=_COLORS.get(entry["arm"], "black"), label=None if label in labelled else label,
                        alpha=0.85, edgecolors="black" if phase != "sft" else "none")
             labelled.add(label)
+    for arm, points in _curves(result).items():  # RACE and local-only at each ε of the curve (first seed)
+        xs = [p["reasoning_tokens_per_episode"] for p in points]
+        ys = [100 * p["success_rate"] for p in points]
+        ax.plot(xs, ys, color=_COLORS.get(arm, "black"), linewidth=1, alpha=0.7, label=f"{arm}: ε curve")
+        for p, x, y in zip(points, xs, ys, strict=True):
+            ax.annotate(f"ε {p['epsilon']:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7,
+                        color=_COLORS.get(arm, "black"))
     before = result.get("before")
     if before:
         ax.scatter(before["reasoning_tokens_per_episode"], 100 * before["success_rate"], marker="x", s=70,
                    color="black", label="before SFT")
     ax.set_xlabel("reasoning tokens per episode (held-out, greedy)")
     ax.set_ylabel("success rate (%)")
-    ax.set_title("ablation: one point per arm and SFT seed")
+    ax.set_title("ablation: one point per arm and SFT seed" + ("; lines: each cover over ε" if _curves(result) else ""))
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _curves(result: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """The trade-off curve's points by arm, by ε (arms with a single point make no curve)."""
+    by_arm: dict[str, list[dict[str, Any]]] = {}
+    for point in result.get("curve") or []:
+        by_arm.setdefault(point["arm"], []).append(point)
+    return {arm: sorted(points, key=lambda p: p["epsilon"]) for arm, points in by_arm.items() if len(points) > 1}
 
 
 def _cell(s: dict[str, float], pct: bool) -> str:
@@ -209,6 +225,14 @@ def render_markdown(result: dict[str, Any], plot: str | None) -> str:
             cells = [("-" if kinds[arm][k]["share"] is None else f"{100 * kinds[arm][k]['share']:.0f}% "
                       f"({kinds[arm][k]['removed']}/{kinds[arm][k]['candidates']})") for k in names]
             lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    curves = _curves(result)
+    if curves:
+        lines += ["", "## The trade-off curve: RACE and local-only at several ε", "",
+                  "The same SFT (first seed) and held-out evaluation on each cover's compressed trajectories, at the "
+                  "chosen ε and the sweep's ε on each side of it.", "",
+                  "| arm | ε | success rate (%) | reasoning tokens / episode |", "|---|---|---|---|"]
+        lines += [f"| {arm} | {p['epsilon']:g} | {100 * p['success_rate']:.1f} | {p['reasoning_tokens_per_episode']:.1f} |"
+                  for arm, points in curves.items() for p in points]
     lines += ["", "## Per seed", "", "| arm | seed | policy | success rate (%) | reasoning tokens / episode |",
               "|---|---|---|---|---|"]
     for entry in result["arms"]:

@@ -95,6 +95,17 @@ def test_the_recorded_command_reruns_the_ablation():
     assert _command("h", "o", "", "", (0.003, 0.01)) == "race ablate --home h --out o"
 
 
+def test_the_curve_takes_the_sweeps_epsilons_nearest_the_chosen_one_on_each_side():
+    from flows.ablate import curve_epsilons
+
+    sweep = (0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
+    assert curve_epsilons(0.1, sweep, 1) == [0.03, 0.3]
+    assert curve_epsilons(0.1, sweep, 2) == [0.01, 0.03, 0.3, 1.0]
+    assert curve_epsilons(0.003, sweep, 1) == [0.01] and curve_epsilons(1.0, sweep, 1) == [0.3]  # at an end: one side
+    assert curve_epsilons(0.05, sweep, 1) == [0.03, 0.1]  # a chosen ε the sweep did not run
+    assert curve_epsilons(0.1, sweep, 0) == [] and curve_epsilons(0.1, (0.1,), 1) == []
+
+
 def test_the_ablation_flow_caches_every_arm(prefect_harness, smoke_policy, tmp_path):
     from flows.ablate import race_ablate
     from race_core.config import CoverConfig, EvalConfig, PipelineConfig, RLConfig, SFTConfig
@@ -110,7 +121,8 @@ def test_the_ablation_flow_caches_every_arm(prefect_harness, smoke_policy, tmp_p
                                                                             max_new_tokens=24),
         rl=RLConfig(iterations=1, tasks_per_iteration=2, group_size=2, max_turns=4, max_new_tokens=24, shape="two-part"))
     home, out = tmp_path / "home", tmp_path / "out"
-    run = {"home": str(home), "out": str(out), "seeds": (0, 1), "config": config, "length_penalties": (0.01,)}
+    run = {"home": str(home), "out": str(out), "seeds": (0, 1), "config": config, "length_penalties": (0.01,),
+           "epsilons": (0.1, 0.5, 2.0), "curve": 1}
     first = race_ablate(**run)
     again = race_ablate(**run)
     assert first["computed"] > 0 and again["computed"] == 0
@@ -129,6 +141,20 @@ def test_the_ablation_flow_caches_every_arm(prefect_harness, smoke_policy, tmp_p
     assert gap["local_accepted"] == first["training"]["local"]["removed"] >= gap["race_rejected"] >= 0
     assert "## The cross-turn check" in (out / "report.md").read_text()
     assert written["run"]["command"] == f"race ablate --home {home} --out {out} --checkpoint {smoke_policy}"
+    # the trade-off curve: RACE and local-only at the chosen ε (the main table's first seed) and its sweep neighbours
+    eps = written["run"]["epsilon"]
+    from flows.ablate import curve_epsilons
+
+    expected = curve_epsilons(eps, (0.1, 0.5, 2.0), 1)
+    assert 1 <= len(expected) <= 2 and eps not in expected
+    assert [(p["arm"], p["epsilon"]) for p in written["curve"]] == [
+        (arm, e) for arm in ("local", "race") for e in sorted([eps, *expected])]
+    main = {(e["arm"], e["seed"]): e for e in written["arms"]}
+    for point in written["curve"]:
+        assert point["seed"] == 0 and 0 <= point["success_rate"] <= 1
+        if point["epsilon"] == eps:  # the same policy as the table's
+            assert point["policy_digest"] == main[(point["arm"], 0)]["policy_digest"]
+    assert "## The trade-off curve" in (out / "report.md").read_text()
 
     store = ArtifactStore(str(home / "store"))
     arms = {arm: {t.id: t for t in iter_trajectories(store, digest, "compressed")}
