@@ -9,9 +9,11 @@ host that holds the devices), each running `python -m race_core.train.worker SPE
   CPU accelerate starts several processes only through MPI, so torchrun starts them with the
   config's hosts and process count (DDP over gloo).
 
-Rank 0's progress lines become `progress(step, total, loss)` calls; its report (JSON) is returned.
-A process that fails ends the launch (torchrun stops the others) and `TrainingFailed` names which
-rank failed how, and the step a rerun resumes from (`race_core.train.distributed` saves the state).
+Either launcher runs inside `python -m race_core.train.elastic`, which keeps what torch's elastic
+agent knows of a failure as data. Rank 0's progress lines become `progress(step, total, loss)` calls;
+its report (JSON) is returned. A process that fails ends the launch (torchrun stops the others) and
+`TrainingFailed` names which rank failed how (from that record), and the step a rerun resumes from
+(`race_core.train.distributed` saves the state).
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from __future__ import annotations
 import collections
 import json
 import os
-import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from race_core.train.distributed import LATEST, PROGRESS_PREFIX
+from race_core.train.elastic import Failure, FailureRecord
 from race_core.train.worker import LaunchSpec
 
 Log = Callable[[str], None]
@@ -61,10 +63,12 @@ def machines(accelerate_config: str) -> int:
 def launch_command(spec_path: str | Path, processes: int, device: str, accelerate_config: str = "",
                    mixed_precision: str = "no", machine_rank: int | None = None) -> list[str]:
     """The command line that starts the training processes of `spec_path` on this host (`machine_rank`:
-    which host this is, when the accelerate config spans several; default its `machine_rank`)."""
+    which host this is, when the accelerate config spans several; default its `machine_rank`). The
+    launcher runs in `race_core.train.elastic`, which writes a failure's record to `record_path(spec_path)`."""
     target = ["-m", "race_core.train.worker", str(spec_path)]
+    elastic = [sys.executable, "-m", "race_core.train.elastic", str(record_path(spec_path))]
     if accelerate_config and device != "cpu":
-        command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(accelerate_config),
+        command = [*elastic, "accelerate", "--config_file", str(accelerate_config),
                    "--mixed_precision", mixed_precision]
         accelerate_settings(accelerate_config)  # exists and parses
         if processes:
@@ -73,7 +77,7 @@ def launch_command(spec_path: str | Path, processes: int, device: str, accelerat
             command += ["--machine_rank", str(machine_rank)]
         return command + target
     if not accelerate_config:
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+        return [*elastic, "torchrun", "--standalone", "--nproc_per_node",
                 str(max(processes, 1)), *target]
     # CPU processes: accelerate starts several only through MPI, so torchrun starts them with the config's
     # hosts (DDP over gloo; FSDP and DeepSpeed need GPUs).
@@ -86,7 +90,7 @@ def launch_command(spec_path: str | Path, processes: int, device: str, accelerat
     if total % hosts:
         raise ValueError(f"{total} training processes do not divide evenly over {hosts} hosts")
     rank = machine_rank if machine_rank is not None else int(settings.get("machine_rank", 0) or 0)
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(total // hosts)]
+    command = [*elastic, "torchrun", "--nproc_per_node", str(total // hosts)]
     if hosts == 1:
         return [*command, "--standalone", *target]
     return [*command, "--nnodes", str(hosts), "--node_rank", str(rank),
@@ -117,9 +121,10 @@ def launch(spec: LaunchSpec, spec_path: str | Path, processes: int, accelerate_c
     mixed_precision = spec.options.get("mixed_precision", "no")
     command = launch_command(spec_path, processes, spec.device, accelerate_config, mixed_precision, machine_rank)
     if log is not None:
-        log(f"{spec.kind}: launching {processes or 'the configured'} training process(es): {' '.join(command[1:4])}")
+        log(f"{spec.kind}: launching {processes or 'the configured'} training process(es): {' '.join(command[4:7])}")
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-    torchrun = TorchrunLog()  # read from every line: its summary can be longer than the tail
+    record = record_path(spec_path)
+    record.unlink(missing_ok=True)  # a record left by an earlier launch of this spec
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           env=_environment(spec.device, processes)) as proc:
         assert proc.stdout is not None
@@ -131,75 +136,32 @@ def launch(spec: LaunchSpec, spec_path: str | Path, processes: int, accelerate_c
                     progress(step["step"], step["total"], step["loss"])
                 continue
             tail.append(line)
-            torchrun.read(line)
             if log is not None and line.startswith("resuming from step"):
                 log(f"{spec.kind}: {line}")
     if proc.returncode != 0:
-        raise TrainingFailed(failure_message(spec, proc.returncode, list(tail), torchrun))
+        raise TrainingFailed(failure_message(spec, proc.returncode, list(tail), FailureRecord.read(record)))
     report = Path(spec.report)
     return json.loads(report.read_text()) if report.exists() else None
 
 
-Failure = tuple[int, int, int]  # rank, exit code (minus the signal that killed it), pid
+def record_path(spec_path: str | Path) -> Path:
+    """Where the launcher writes the record of a failed launch of `spec_path` (`race_core.train.elastic`)."""
+    return Path(spec_path).with_suffix(".failures.json")
 
 
-class TorchrunLog:
-    """What torchrun's output says of a failed run, read line by line: the failures its summary lists
-    (the root cause it names, then the others) and the processes it stopped because another had failed
-    (its "Sending process PID closing signal" lines)."""
-
-    RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
-    EXITCODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)")
-    STOPPED = re.compile(r"Sending process (\d+) closing signal")
-
-    def __init__(self) -> None:
-        self.stopped: set[int] = set()
-        self.root: list[Failure] = []
-        self.others: list[Failure] = []
-        self._in_root = False
-        self._rank: int | None = None
-
-    def read(self, line: str) -> None:
-        self.stopped.update(int(pid) for pid in self.STOPPED.findall(line))
-        if line.startswith("Failures:"):  # a summary begins (the last one counts)
-            self.root, self.others, self._in_root = [], [], False
-        elif line.startswith("Root Cause"):
-            self._in_root = True
-        elif found := self.RANK.match(line):
-            self._rank = int(found.group(1))
-        elif (found := self.EXITCODE.match(line)) and self._rank is not None:
-            (self.root if self._in_root else self.others).append((self._rank, int(found.group(1)), int(found.group(2))))
-            self._rank = None
-
-    def culprit(self) -> tuple[Failure | None, list[Failure]]:
-        """The failed process that took the run down, and the others that failed. torchrun's root cause
-        is the failure it saw first, to the second: a survivor whose collective broke when its peer
-        died can write its error in the second before torchrun notices the death, then be stopped by
-        torchrun. So the culprit is a process torchrun did not stop, one an outside signal killed
-        first (its peers only see it gone), else torchrun's root cause."""
-        failures = self.root + self.others
-        own = [failure for failure in failures if failure[2] not in self.stopped]
-        for group in ([failure for failure in own if failure[1] < 0], own, failures):
-            if group:
-                return group[0], [failure for failure in failures if failure is not group[0]]
-        return None, []
-
-
-def failure_message(spec: LaunchSpec, returncode: int, tail: list[str], torchrun: TorchrunLog | None = None) -> str:
-    """Which rank failed how (`torchrun`: its reading of the whole output, else of the tail), where a
-    rerun resumes, and the output's end."""
-    if torchrun is None:
-        torchrun = TorchrunLog()
-        for line in tail:
-            torchrun.read(line)
-    culprit, others = torchrun.culprit()
+def failure_message(spec: LaunchSpec, returncode: int, tail: list[str], record: FailureRecord | None = None) -> str:
+    """Which rank failed how (from the launcher's `record`; none named without one), where a rerun
+    resumes, and the output's end."""
+    record = record or FailureRecord()
+    culprit, others = record.culprit()
+    stopped = set(record.stopped)
     who = ""
     if culprit is not None:
-        who = f": rank {culprit[0]} {_how(culprit[1])}"
+        who = f": rank {culprit.rank} {_how(culprit)}"
         if others:
             who += " (and " + ", ".join(
-                f"rank {rank} " + ("was stopped by torchrun" if pid in torchrun.stopped else _how(code))
-                for rank, code, pid in others) + ")"
+                f"rank {failure.rank} " + ("was stopped by torchrun" if failure.pid in stopped else _how(failure))
+                for failure in others) + ")"
     text = "\n".join(tail)
     state = spec.options.get("state_dir")
     latest = Path(state) / LATEST if state else None
@@ -214,7 +176,8 @@ def failure_message(spec: LaunchSpec, returncode: int, tail: list[str], torchrun
             f"last output:\n{text}")
 
 
-def _how(code: int) -> str:
+def _how(failure: Failure) -> str:
+    code = failure.exitcode
     if code >= 0:
         return f"exited with code {code}"
     import signal
