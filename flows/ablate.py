@@ -57,6 +57,7 @@ class AblatePreset:
     epsilons: tuple[float, ...] = ()  # several: the sweep on the inputs chooses; none: config.cover.epsilon
     length_penalties: tuple[float, ...] = ()  # λ of the GRPO + reasoning-length-penalty runs (one RL run each)
     rl_eval_every: int = 0  # evaluate the RL policies every N iterations too (0: only after the last)
+    rl_seeds: int = 0  # RL runs from the RACE policies of the first N seeds (0: every seed)
     curve: int = 0  # sweep ε values on each side of the chosen one where RACE and local-only are also trained
     bootstrap: AgentBootstrapConfig | None = None  # how a chat checkpoint is made a policy of the environment
     left_out: str = ""
@@ -111,10 +112,11 @@ _CPU_SAMPLER = "vllm" if importlib.util.find_spec("vllm") is not None else "hf" 
 PRESETS["cpu-lookup"] = AblatePreset(
     "cpu-lookup", replace(_LOOKUP, **{"rl.iterations": 2, "rl.tasks_per_iteration": 8, "evaluate.tasks": 64,
                                       "rl.sampler": _CPU_SAMPLER, "evaluate.sampler": _CPU_SAMPLER}),
-    seeds=(0, 1, 2), input_tasks=48, epsilons=EPSILON_SWEEP, length_penalties=(0.003,), curve=1,
+    seeds=(0, 1, 2), input_tasks=48, epsilons=EPSILON_SWEEP, length_penalties=(0.003,), curve=1, rl_seeds=1,
     bootstrap=AgentBootstrapConfig(env="lookup", expert_tasks=512, sft=_LOOKUP_SFT),
     left_out="48 input tasks (not 256), 64 held-out tasks (not 200), 2 RL iterations of 8 tasks (not 12 of 16), "
-             "one length-penalty λ (not three), 512 expert episodes for the bootstrap (not 1024)")
+             "RL from the first seed's RACE policy only (not each seed's), one length-penalty λ (not three), "
+             "512 expert episodes for the bootstrap (not 1024)")
 
 
 def preset_for(checkpoint: str, device: str) -> str:
@@ -159,7 +161,8 @@ def race_ablate(home: str = ".race", out: str = "runs/ablate", seeds: tuple[int,
                 input_tasks: int = ABLATE_INPUT_TASKS, config: PipelineConfig = ABLATE_CONFIG,
                 bootstrap: AgentBootstrapConfig | None = None, epsilons: tuple[float, ...] = (),
                 arms: tuple[str, ...] = ARMS, preset: str = "", left_out: str = "",
-                length_penalties: tuple[float, ...] = (), rl_eval_every: int = 0, curve: int = 0) -> dict[str, Any]:
+                length_penalties: tuple[float, ...] = (), rl_eval_every: int = 0, curve: int = 0,
+                rl_seeds: int = 0) -> dict[str, Any]:
     """The arms x `seeds` SFT runs, then cover-aware RL vs plain GRPO from each seed's RACE policy.
 
     The policy: `config.checkpoint`, made a calculator policy first by `bootstrap` when given (a chat
@@ -227,7 +230,8 @@ def race_ablate(home: str = ".race", out: str = "runs/ablate", seeds: tuple[int,
     every = rl_eval_every or config.rl.iterations  # greedy held-out figures: after the last iteration, or every N
     diagnostics: dict[str, list[dict[str, Any]]] = {}
     if config.rl.iterations:
-        for entry in (e for e in results if e["arm"] == "race"):
+        rl_from = seeds[:rl_seeds] if rl_seeds else seeds
+        for entry in (e for e in results if e["arm"] == "race" and e["seed"] in rl_from):
             for phase, cover_aware, penalty in rl_phases(length_penalties):
                 rl = replace(config.rl, seed=entry["seed"], cover_aware=cover_aware, length_penalty=penalty)
                 policy: Any = race_policies[entry["seed"]]
@@ -274,7 +278,8 @@ def race_ablate(home: str = ".race", out: str = "runs/ablate", seeds: tuple[int,
         "run": {"command": _command(home, out, config.checkpoint, preset, epsilons), "preset": preset, "left_out": left_out, "seeds": list(seeds),
                 "arms": list(arms),
                 "epsilon": eps, "policy_digest": base.digest, "inputs": paths, "store": store,
-                "rl_iterations": config.rl.iterations, "length_penalties": list(length_penalties), "curve": curve,
+                "rl_iterations": config.rl.iterations, "rl_seeds": list(seeds[:rl_seeds] if rl_seeds else seeds),
+                "length_penalties": list(length_penalties), "curve": curve,
                 "rollouts_per_iteration": config.rl.tasks_per_iteration * config.rl.group_size,
                 "eval_tasks": config.evaluate.tasks, "wall_s": round(time.perf_counter() - started, 1)},
     }

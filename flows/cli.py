@@ -301,7 +301,8 @@ def cmd_ablate(args) -> int:
                          input_tasks=args.input_tasks or preset.input_tasks, config=config, bootstrap=bootstrap,
                          epsilons=tuple(args.epsilons or preset.epsilons), arms=arms, preset=preset.name,
                          left_out=preset.left_out, length_penalties=preset.length_penalties,
-                         rl_eval_every=preset.rl_eval_every, curve=preset.curve)
+                         rl_eval_every=preset.rl_eval_every, curve=preset.curve,
+                         rl_seeds=preset.rl_seeds)
     print((Path(args.out) / "report.md").read_text())
     print(f"ablation: {Path(args.out) / 'ablation.json'} ({result['run']['wall_s']} s)")
     return 0
