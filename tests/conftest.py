@@ -14,6 +14,8 @@ import time
 
 import pytest
 
+import flows  # noqa: F401 - Prefect's settings from the environment (extra loggers...) before a test imports Prefect
+
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if "PYTEST_XDIST_WORKER" in os.environ:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // WORKERS)))
