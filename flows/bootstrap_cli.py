@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from pathlib import Path
 
 from flows.options import add_config_options, config_from_args
@@ -47,8 +46,7 @@ def cmd_bootstrap(args) -> int:
         raise FileExistsError(f"--out {str(out)!r} exists: give a new folder")
     config = config_from_args(AgentBootstrapConfig(), args)
     report = bootstrap_checkpoint(args.checkpoint, out, config, device=args.device, dtype=args.dtype,
-                                  mixed_precision=args.mixed_precision,
-                                  log=lambda message: print(message, file=sys.stderr))
+                                  mixed_precision=args.mixed_precision)
     print(json.dumps({"checkpoint": str(out), "recipe": report.recipe, "check": report.check,
                       "rounds": report.rounds, "wall_s": report.wall_seconds}, indent=2))
     return 0

@@ -27,9 +27,12 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from deployments import NIGHTLY_CRON, SERVE_DEFAULTS
+from flows import LOGGERS
 from flows.ablate import ABLATE_CONFIG, PRESETS
 from flows.options import add_config_options, config_from_args
 from race_core.ablation import ARMS
@@ -49,6 +52,7 @@ from race_core.train.checkpoint_bootstrap import RECIPES, AgentBootstrapConfig
 
 DEFAULT_HOME = Path(".race")
 COVER_SECTIONS = ("ingest", "cover", "resources")
+FLOW_COMMANDS = ("run", "demo", "ablate")  # the commands that run a Prefect flow in this process
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -186,10 +190,46 @@ def _prefect_defaults() -> None:
             logger.addFilter(_NoTracebackForOneLineErrors())
 
 
+class _Stderr(logging.StreamHandler):
+    """Writes to `sys.stderr` as it is when a record comes (as the standard library's last resort does)."""
+
+    def __init__(self):
+        logging.Handler.__init__(self)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+
+@contextmanager
+def console_lines(command: str) -> Iterator[None]:
+    """Where the project's log lines go while `command` runs. In a command that runs a Prefect flow
+    here (`FLOW_COMMANDS`) Prefect takes them: its console handler (on the root logger) prints them,
+    and a line logged in a run goes to the API too. Any other command prints each line on stderr as
+    the bare message, once: the project's loggers (`flows.LOGGERS`) get a handler of their own and
+    pass nothing on to the root logger's handlers, until the command ends."""
+    if command in FLOW_COMMANDS:
+        yield
+        return
+    handler = _Stderr()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    passed_on = {logger: logger.propagate for logger in map(logging.getLogger, LOGGERS)}
+    for logger in passed_on:
+        logger.addHandler(handler)
+        logger.propagate = False
+    try:
+        yield
+    finally:
+        for logger, propagate in passed_on.items():
+            logger.removeHandler(handler)
+            logger.propagate = propagate
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        with console_lines(args.command):
+            return int(args.func(args) or 0)
     except Exception as exc:
         if not isinstance(exc, one_line_errors()):
             raise
@@ -231,16 +271,12 @@ def cmd_cover(args) -> int:
     config = replace(config_from_args(PipelineConfig(store=str(Path(args.home) / "store")), args),
                      stages=COVER_STAGES)
     epsilons = check_epsilons(args.epsilons) if args.epsilons else [config.cover.epsilon]
-
-    def log(message: str) -> None:
-        print(message, file=sys.stderr)
-
     if len(epsilons) == 1:
         summary = run_cover(replace(config, **{"cover.epsilon": epsilons[0]}), out_dir=Path(args.out),
-                            home=Path(args.home), log=log)
+                            home=Path(args.home))
         print(json.dumps(summary, indent=2))
         return 0
-    sweep = run_sweep(config, epsilons, out_dir=Path(args.out), home=Path(args.home), log=log)
+    sweep = run_sweep(config, epsilons, out_dir=Path(args.out), home=Path(args.home))
     rows = [{k: v for k, v in row.items() if k != "max_drops"} for row in sweep["rows"]]
     print(json.dumps({"epsilons": sweep["epsilons"], "rows": rows, "sharing": sweep["sharing"],
                       "table": str(Path(args.out) / "epsilon_sweep.md")}, indent=2))

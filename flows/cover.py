@@ -10,6 +10,7 @@ stages are run once more, which recomputes the stage that produced it."""
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,8 @@ from storage import ArtifactStore, CorruptObjectError, MissingObjectError
 from storage.parquet import read_dataset, write_from_store
 from tasks import stages
 from tasks.summary import summarize
+
+logger = logging.getLogger(__name__)
 
 DEMO_DATASET_SIZE = 24
 DEMO_DATASET_SEED = 7
@@ -51,8 +54,8 @@ def with_defaults(config: PipelineConfig, home: Path) -> PipelineConfig:
                    checkpoint=config.checkpoint or str(ensure_checkpoint(home / "checkpoints", TINY)))
 
 
-def run_cover(config: PipelineConfig, out_dir: Path, home: Path, log: Callable[[str], None] = print,
-              scorer_factory: Callable[[], Scorer] | None = None) -> dict[str, Any]:
+def run_cover(config: PipelineConfig, out_dir: Path, home: Path, scorer_factory: Callable[[], Scorer] | None = None
+              ) -> dict[str, Any]:
     """The cover stages of `config` (no inputs: a generated calculator dataset; no checkpoint: the
     built-in tiny one; `config.force`: stages recomputed even when stored); returns the summary.
     `scorer_factory` gives the cover its scorer (default: one built from `config`; the ε sweep
@@ -65,31 +68,31 @@ def run_cover(config: PipelineConfig, out_dir: Path, home: Path, log: Callable[[
     inputs, checkpoint = list(config.inputs), config.checkpoint
     store = ArtifactStore(config.store)
     try:
-        return _cover_stages(config, inputs, checkpoint, store, out_dir, log, scorer_factory)
+        return _cover_stages(config, inputs, checkpoint, store, out_dir, scorer_factory)
     except (CorruptObjectError, MissingObjectError) as exc:
-        log(f"{exc}; running the stages again now")
-        return _cover_stages(config, inputs, checkpoint, store, out_dir, log, scorer_factory)
+        logger.warning(f"{exc}; running the stages again now")
+        return _cover_stages(config, inputs, checkpoint, store, out_dir, scorer_factory)
 
 
 def _cover_stages(config: PipelineConfig, inputs: list[str], checkpoint: str, store: ArtifactStore, out_dir: Path,
-                  log: Callable[[str], None], scorer_factory: Callable[[], Scorer] | None) -> dict[str, Any]:
+                  scorer_factory: Callable[[], Scorer] | None) -> dict[str, Any]:
     manifests: dict[str, dict[str, Any]] = {}
     forced = set(config.force)
 
     def timed(name: str, manifest: dict[str, Any]) -> dict[str, Any]:
         manifests[name] = manifest
-        log(f"{name}: {'cached' if manifest['cached'] else 'done'} in {manifest['wall_s']:.1f}s")
+        logger.info(f"{name}: {'cached' if manifest['cached'] else 'done'} in {manifest['wall_s']:.1f}s")
         return manifest
 
-    ingested = timed("ingest", stages.ingest(store, inputs, config.ingest, log=log, force="ingest" in forced))
+    ingested = timed("ingest", stages.ingest(store, inputs, config.ingest, force="ingest" in forced))
     stages.validate(ingested, config.ingest)
     model_digest = checkpoint_digest(checkpoint)
     trajectories = ingested["objects"]["trajectories"]
     decided = timed("cover", stages.cover(store, trajectories, checkpoint, model_digest, config.cover,
-                                          config.resources, log=log, scorer_factory=scorer_factory,
+                                          config.resources, scorer_factory=scorer_factory,
                                           force="cover" in forced))
     compressed = timed("compress", stages.compress(store, trajectories, decided["objects"]["decisions"], checkpoint,
-                                                   model_digest, config.cover.epsilon, log=log,
+                                                   model_digest, config.cover.epsilon,
                                                    refused_digest=decided["objects"]["rejects"],
                                                    force="compress" in forced))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -100,24 +103,24 @@ def _cover_stages(config: PipelineConfig, inputs: list[str], checkpoint: str, st
     write_from_store(store, "rejects", [ingested["objects"]["rejects"], decided["objects"]["rejects"]],
                      out_dir / "rejects.parquet")
     decisions = read_dataset("decisions", out_dir / "decisions.parquet")
-    _print_removals(decisions, log)
+    _log_removals(decisions)
     if "cross_turn" in compressed["metrics"]:
-        log(f"cross-turn check: {cross_turn_text(compressed['metrics']['cross_turn'])}")
+        logger.info(f"cross-turn check: {cross_turn_text(compressed['metrics']['cross_turn'])}")
     run_info = {"command": "race cover", "inputs": inputs, "checkpoint": checkpoint, "store": store.url,
                 "model_digest": model_digest, "epsilon": config.cover.epsilon, "backend": config.cover.backend}
     summary = {**summarize(manifests, run_info), "model_digest": model_digest, "epsilon": config.cover.epsilon,
                "out": str(out_dir)}
     written = write_report(out_dir, summary, decisions, config.cover.epsilon, store)
-    log(f"report: {written['html']} (report.md, plots and summary.json beside it)")
+    logger.info(f"report: {written['html']} (report.md, plots and summary.json beside it)")
     return summary
 
 
-def _print_removals(decisions: pd.DataFrame, log: Callable[[str], None], limit: int = 20) -> None:
-    """Show what the cover removed: trajectory, turn, largest likelihood drop, tokens removed."""
+def _log_removals(decisions: pd.DataFrame, limit: int = 20) -> None:
+    """Log what the cover removed: trajectory, turn, largest likelihood drop, tokens removed."""
     accepted = decisions[decisions["accepted"]]
-    log(f"removed reasoning in {len(accepted)} turn(s):")
+    logger.info(f"removed reasoning in {len(accepted)} turn(s):")
     for row in accepted.head(limit).itertuples():
-        log(f"  {row.trajectory_id[:12]} turn {row.turn}: max drop {row.max_drop:+.2e}, "
-            f"{row.reasoning_tokens} reasoning tokens removed")
+        logger.info(f"  {row.trajectory_id[:12]} turn {row.turn}: max drop {row.max_drop:+.2e}, "
+                    f"{row.reasoning_tokens} reasoning tokens removed")
     if len(accepted) > limit:
-        log(f"  ... and {len(accepted) - limit} more (decisions.parquet)")
+        logger.info(f"  ... and {len(accepted) - limit} more (decisions.parquet)")

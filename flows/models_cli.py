@@ -45,7 +45,7 @@ def cmd_model(args) -> int:
                 return 2
             folder = with_chat_template(args.checkpoint, args.chat_template, args.out)
         else:
-            folder = ensure_smollm2(Path(args.home) / "models", log=lambda m: print(m, file=sys.stderr))
+            folder = ensure_smollm2(Path(args.home) / "models")
             if args.chat_template:
                 suffix = Path(args.chat_template).stem if Path(args.chat_template).suffix else args.chat_template
                 folder = with_chat_template(folder, args.chat_template, folder.with_name(f"{folder.name}-{suffix}"))

@@ -6,11 +6,14 @@ deployments served from this process until it is stopped, through server restart
 from __future__ import annotations
 
 import importlib
+import logging
 import time
 from typing import Any
 
 from deployments import DEFAULT_POOL, NIGHTLY_CRON, Deployment, declared, units_deployment
 from race_core.config import NightlyConfig
+
+logger = logging.getLogger(__name__)
 
 
 def flow_of(deployment: Deployment) -> Any:
@@ -32,7 +35,7 @@ def runner_deployment(deployment: Deployment) -> Any:
         if deployment.serialized else None)
 
 
-def prepare_pool(pool: str = DEFAULT_POOL, gpu_slots: int | None = None, log=print) -> str:
+def prepare_pool(pool: str = DEFAULT_POOL, gpu_slots: int | None = None) -> str:
     """Create the process work pool `pool` (kept if it exists) and deploy the child flow `race-units`
     to it by module entrypoint (`flows.shard:race_units`): a worker imports it from its installed
     race-pipeline, so no code is pulled from this host and workers may run anywhere that reaches the
@@ -67,13 +70,13 @@ def prepare_pool(pool: str = DEFAULT_POOL, gpu_slots: int | None = None, log=pri
                           build=False, push=False, print_next_steps=False, ignore_warnings=True,
                           tags=list(units.tags), description=units.description)
     slots = f"{gpu_slots} slot(s)" if gpu_slots is not None else "none (one child run per worker)"
-    log(f"race serve: work pool {pool!r} (process) with deployment {deployment_name(pool)!r}; concurrency limit "
-        f"{GPU_LIMIT!r}: {slots}. Start one worker per device: race worker --pool {pool} --device cuda:N")
+    logger.info(f"race serve: work pool {pool!r} (process) with deployment {deployment_name(pool)!r}; concurrency "
+                f"limit {GPU_LIMIT!r}: {slots}. Start one worker per device: race worker --pool {pool} --device cuda:N")
     return deployment_name(pool)
 
 
 def serve_deployments(nightly: NightlyConfig, cron: str = NIGHTLY_CRON, limit: int | None = None,
-                      log=print, pool: str = DEFAULT_POOL, gpu_slots: int | None = None) -> None:
+                      pool: str = DEFAULT_POOL, gpu_slots: int | None = None) -> None:
     """Prepare the shard pool (`prepare_pool`), then register the manual and nightly deployments
     with the server and run their flow runs here until stopped.
 
@@ -84,21 +87,21 @@ def serve_deployments(nightly: NightlyConfig, cron: str = NIGHTLY_CRON, limit: i
     from prefect import serve
 
     keep_watching_for_cancellation()
-    prepare_pool(nightly.resources.pool or pool, gpu_slots, log)
+    prepare_pool(nightly.resources.pool or pool, gpu_slots)
     while True:
         try:
             serve(*map(runner_deployment, declared(nightly, cron)), limit=limit)
         except Exception as exc:  # noqa: BLE001 - re-raised unless the server is away
             if api_answers():
                 raise
-            log(f"race serve: lost the Prefect server ({type(exc).__name__}); serving again once it answers")
+            logger.warning(f"race serve: lost the Prefect server ({type(exc).__name__}); serving again once it answers")
         else:
             if api_answers():
                 return  # stopped on purpose
-            log("race serve: the runner stopped without the Prefect server; serving again once it answers")
+            logger.warning("race serve: the runner stopped without the Prefect server; serving again once it answers")
         while not api_answers():
             time.sleep(5)
-        log("race serve: the Prefect server answers again; serving")
+        logger.info("race serve: the Prefect server answers again; serving")
 
 
 def api_answers() -> bool:

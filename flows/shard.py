@@ -16,10 +16,13 @@ committed create-if-absent by the same code as in one process; the parent merges
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
-from prefect import flow, get_run_logger
+from prefect import flow
+
+logger = logging.getLogger(__name__)
 
 DEVICE_ENV = "RACE_DEVICE"
 GPU_LIMIT = "gpu"
@@ -39,7 +42,6 @@ def race_units(store: str, kind: str, spec: dict[str, Any], units: list[dict[str
     from tasks.executors.pool import Lease
     from tasks.units import job_from_spec
 
-    log = get_run_logger().info
     artifacts = ArtifactStore(store)
     device = os.environ.get(DEVICE_ENV) or spec.get("resources", {}).get("device", "cpu")
     counts = {"committed": 0, "dropped": 0, "skipped": 0, "read_bytes": 0, "load_s": 0.0}
@@ -49,7 +51,7 @@ def race_units(store: str, kind: str, spec: dict[str, Any], units: list[dict[str
         check_within_roots({"store": store}, allowed_roots())
         job = job_from_spec(kind, spec)
         with concurrency(GPU_LIMIT, occupy=1, strict=False):
-            log(f"{job.what}: {job.noun} {[job.index(u) for u in units]} on {device}")
+            logger.info(f"{job.what}: {job.noun} {[job.index(u) for u in units]} on {device}")
             progress_id = create_progress_artifact(0.0, description=f"{job.what} {job.noun}: starting")
 
             def publish(figures: ProgressFigures) -> None:  # to the parent through the lease, and to this run's UI
@@ -57,7 +59,7 @@ def race_units(store: str, kind: str, spec: dict[str, Any], units: list[dict[str
                 update_progress_artifact(progress_id, round(100 * figures.fraction, 1),
                                          description=f"{job.what} {job.noun}: {figures.summary()}")
 
-            worker = job.worker(artifacts, device, log, publish, planned=units)
+            worker = job.worker(artifacts, device, publish, planned=units)
             try:
                 for unit in units:
                     done = worker.run(unit, force)
@@ -67,6 +69,6 @@ def race_units(store: str, kind: str, spec: dict[str, Any], units: list[dict[str
                     counts["load_s"] += done["load_s"]
             finally:
                 worker.close()
-    log(f"{job.noun}: {counts['committed']} committed, {counts['dropped']} committed elsewhere first, "
-        f"{counts['skipped']} found committed; {counts['read_bytes']} bytes of input read")
+    logger.info(f"{job.noun}: {counts['committed']} committed, {counts['dropped']} committed elsewhere first, "
+                f"{counts['skipped']} found committed; {counts['read_bytes']} bytes of input read")
     return counts

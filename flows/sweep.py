@@ -17,6 +17,7 @@ trajectories).
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -32,6 +33,8 @@ from report.markdown import _pyplot
 from report.page import write_sweep_page
 from storage.parquet import read_dataset
 from tasks.stages import cover_scorer
+
+logger = logging.getLogger(__name__)
 
 DROP_QUANTILES = (0.1, 0.5, 0.9)
 
@@ -77,18 +80,19 @@ class SharedScorer:
 
 
 def run_sweep(config: PipelineConfig, epsilons: Sequence[float], out_dir: Path, home: Path,
-              log: Callable[[str], None] = print) -> dict[str, Any]:
+              log: Any = None) -> dict[str, Any]:
     """The cover stages of `config` for every ε in `epsilons`, sharing scores; writes the per-ε
-    Parquet files and the sweep's table, JSON and plot into `out_dir`; returns the sweep's summary."""
+    Parquet files and the sweep's table, JSON and plot into `out_dir`; returns the sweep's summary.
+    Its lines go to the modules' loggers; `log` is ignored (flows/ablate.py still passes one)."""
     values = check_epsilons(epsilons)
     config = with_defaults(config, home)
     shared = SharedScorer(lambda: cover_scorer(config.cover, config.checkpoint, config.resources))
     rows, summaries = [], {}
     try:
         for epsilon in values:
-            log(f"sweep: epsilon {epsilon:g}")
+            logger.info(f"sweep: epsilon {epsilon:g}")
             folder = out_dir / epsilon_folder(epsilon)
-            summary = run_cover(replace(config, **{"cover.epsilon": epsilon}), folder, home, log,
+            summary = run_cover(replace(config, **{"cover.epsilon": epsilon}), folder, home,
                                 scorer_factory=shared.view)
             summaries[repr(epsilon)] = summary
             rows.append(sweep_row(epsilon, summary, pd.read_parquet(folder / "decisions.parquet")))
@@ -98,7 +102,7 @@ def run_sweep(config: PipelineConfig, epsilons: Sequence[float], out_dir: Path, 
               "inputs": list(config.inputs), "rows": rows, "sharing": shared.counts(), "runs": summaries,
               "out": str(out_dir)}
     write_sweep(out_dir, result)
-    log(sweep_markdown(result))
+    logger.info(sweep_markdown(result))
     return result
 
 

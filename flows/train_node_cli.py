@@ -14,7 +14,9 @@ resume together.
 
 from __future__ import annotations
 
-import sys
+import logging
+
+logger = logging.getLogger(__name__)
 
 
 def add_train_node_parser(subparsers):
@@ -39,14 +41,11 @@ def cmd_train_node(args) -> int:
     store = ArtifactStore(args.store)
     job = TrainJob.read(store, args.job)
 
-    def log(message: str) -> None:
-        print(message, file=sys.stderr)
-
-    log(f"race train-node: {job.kind} job {args.job[:12]} as machine rank {args.machine_rank}")
+    logger.info(f"race train-node: {job.kind} job {args.job[:12]} as machine rank {args.machine_rank}")
     try:
-        run_job(store, job, machine_rank=args.machine_rank, accelerate_config=args.accelerate_config, log=log)
+        run_job(store, job, machine_rank=args.machine_rank, accelerate_config=args.accelerate_config)
     except TrainingFailed as exc:
-        log(f"race train-node: {exc}")
+        logger.error(f"race train-node: {exc}")
         return 1
-    log("race train-node: done")
+    logger.info("race train-node: done")
     return 0

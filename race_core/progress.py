@@ -11,12 +11,14 @@ counted.
 
 Shards arrive one at a time; with the number of trajectories known, the total is extrapolated from
 the shards begun so far (their mean predicted work per trajectory). A terminal gets a one-line bar
-on stderr, redrawn in place; any other output a plain line through `log` at the first round and then
-at most every `interval_s` seconds; `publish` receives the same `ProgressFigures` after every round.
+on stderr, redrawn in place; any other output a plain line logged (this module's logger, INFO) at the
+first round and then at most every `interval_s` seconds; `publish` receives the same
+`ProgressFigures` after every round (data, for a progress display such as Prefect's artifact).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -30,6 +32,8 @@ from race_core.render import Renderer, Role
 from race_core.schema import Trajectory
 
 LINE_INTERVAL_S = 15.0  # plain progress lines (output not a terminal): at most one per this many seconds
+
+logger = logging.getLogger(__name__)
 
 
 def bound_tokens_by_round(trajectory: Trajectory, renderer: Renderer) -> list[int]:
@@ -133,15 +137,14 @@ class CoverProgress:
 
     `shard(trajectories, renderer)` before each shard gives the `progress` callback of
     `race_core.cover.logic_cover` for it; `skip(n)` counts trajectories that will not be scored (too
-    long); `mark()` and `rewind(mark)` take back a shard's counts (it is scored again); `log(message)`
-    writes a log line without breaking the bar; `close()` ends the display."""
+    long); `mark()` and `rewind(mark)` take back a shard's counts (it is scored again);
+    `log(message, level)` logs a line without breaking the bar; `close()` ends the display."""
 
-    def __init__(self, trajectories_total: int | None = None, *, log: Callable[[str], None] | None = None,
+    def __init__(self, trajectories_total: int | None = None, *,
                  publish: Callable[[ProgressFigures], None] | None = None, stream: TextIO | None = None,
                  bar: bool | None = None, interval_s: float = LINE_INTERVAL_S):
         self.stream = stream or sys.stderr
         self.trajectories_total = trajectories_total
-        self._log = log or (lambda message: print(message, file=self.stream, flush=True))
         self._publish = publish
         self._use_bar = self.stream.isatty() if bar is None else bar
         self._interval_s = interval_s
@@ -192,13 +195,13 @@ class CoverProgress:
         """`n` trajectories of the input will not be scored: they leave the predicted work."""
         self._skipped += n
 
-    def log(self, message: str) -> None:
+    def log(self, message: str, level: int = logging.INFO) -> None:
         if self._bar is not None:
             self._bar.clear()
-            self._log(message)
+            logger.log(level, message)
             self._bar.refresh()
         else:
-            self._log(message)
+            logger.log(level, message)
 
     def close(self) -> None:
         """End the bar (left on screen) or write the latest plain line if it was held back."""
@@ -206,7 +209,7 @@ class CoverProgress:
             self._bar.close()
             self._bar = None
         elif self._unshown is not None:
-            self._log(self._unshown)
+            logger.info(self._unshown)
             self._unshown = None
 
     def _totals(self) -> tuple[int, int]:
@@ -232,7 +235,7 @@ class CoverProgress:
             return
         line = f"{where}; {self.figures.summary()}"
         if self._last_line is None or now - self._last_line >= self._interval_s:
-            self._log(line)
+            logger.info(line)
             self._last_line, self._unshown = now, None
         else:
             self._unshown = line

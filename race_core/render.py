@@ -52,7 +52,7 @@ OBSERVATION_PREFIX = "Observation: "
 CANONICAL, SEGMENTS = "canonical", "segments"
 CACHE_ENTRIES = 8192  # texts whose ids are kept: messages recur across a shard's candidates, not across shards
 
-log = logging.getLogger("race.render")
+logger = logging.getLogger(__name__)
 _REPORTED: set[str] = set()  # tokenizers whose fallback was already logged
 
 
@@ -321,8 +321,8 @@ class Renderer:
             name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
             if name not in _REPORTED:
                 _REPORTED.add(name)
-                log.warning("tokenizer %s: rendering in segments mode (each segment tokenized alone): %s",
-                            name, self.fallback_reason)
+                logger.warning("tokenizer %s: rendering in segments mode (each segment tokenized alone): %s",
+                               name, self.fallback_reason)
 
     @property
     def render_mode(self) -> str:
@@ -359,8 +359,8 @@ class Renderer:
                     self._heads.clear()
             if self.tool_fallback_reason:
                 name = getattr(self.tokenizer, "name_or_path", "") or type(self.tokenizer).__name__
-                log.warning("tokenizer %s: tool calls rendered as JSON text actions: %s", name,
-                            self.tool_fallback_reason)
+                logger.warning("tokenizer %s: tool calls rendered as JSON text actions: %s", name,
+                               self.tool_fallback_reason)
         return self._tool_mode
 
     def _tool_problem(self) -> str | None:

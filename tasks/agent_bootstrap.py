@@ -15,7 +15,7 @@ from race_core.envs.agent import BARE, AgentPrompt
 from race_core.policy import load_tokenizer
 from race_core.train.checkpoint_bootstrap import AgentBootstrapConfig
 from storage import ArtifactStore
-from tasks.base import Log, _quiet, run_stage
+from tasks.base import run_stage
 from tasks.policy_ref import PolicyRef, put_policy
 
 
@@ -26,7 +26,7 @@ def plays(checkpoint: str, env: str = DEFAULT_ENV) -> bool:
 
 
 def agent_policy(store: ArtifactStore, checkpoint: str, config: AgentBootstrapConfig, resources: Resources,
-                 log: Log = _quiet, only_cached: bool = False, force: bool = False) -> dict[str, Any]:
+                 only_cached: bool = False, force: bool = False) -> dict[str, Any]:
     """The `config.env` policy made from `checkpoint` by `config.recipe` (a stage manifest: `PolicyRef.of`
     reads it); its metrics are the recipe's report (what it trained on, the fresh on-policy check)."""
     base = PolicyRef.local(checkpoint)
@@ -40,18 +40,17 @@ def agent_policy(store: ArtifactStore, checkpoint: str, config: AgentBootstrapCo
         # the SFT state saved every resources.train_save_every steps: a bootstrap killed mid-way resumes there
         state = train_state_dir("bootstrap", keyed, {}, base.digest)
         model, tokenizer = base.load(store, resources)
-        report = bootstrap_agent(model, tokenizer, config, log, options=TrainOptions.of(resources, state))
+        report = bootstrap_agent(model, tokenizer, config, options=TrainOptions.of(resources, state))
         stored = put_policy(store, model, tokenizer)
         clear_state(state)
         return {**stored, "metrics": {"recipe": report.recipe, "actions": report.agent["actions"],
                                       "rounds": report.rounds, "check": report.check,
                                       "wall_seconds": report.wall_seconds}}
 
-    return run_stage(store, "bootstrap", keyed, {}, base.digest, compute, only_cached=only_cached, force=force,
-                     log=log)
+    return run_stage(store, "bootstrap", keyed, {}, base.digest, compute, only_cached=only_cached, force=force)
 
 
 def bootstrap_stage(store: ArtifactStore, *, checkpoint: str, config: AgentBootstrapConfig, resources: Resources,
-                    log: Log = _quiet, only_cached: bool = False, force: bool = False) -> dict[str, Any]:
+                    only_cached: bool = False, force: bool = False) -> dict[str, Any]:
     """The bootstrap stage's entry (`tasks.declarations`): `agent_policy`."""
-    return agent_policy(store, checkpoint, config, resources, log=log, only_cached=only_cached, force=force)
+    return agent_policy(store, checkpoint, config, resources, only_cached=only_cached, force=force)

@@ -1,11 +1,12 @@
 """What every stage function shares: the key-or-compute step (`run_stage`, docs/architecture.md §7), datasets
-streamed into the store (`TempDataset`), reading the trajectories of a dataset object, the log
-callable. No stage lives here; the stage modules (`tasks.stages`, `tasks.shards`,
-`tasks.training_stages`, `tasks.ablation`) import it, and it imports none of them.
+streamed into the store (`TempDataset`), reading the trajectories of a dataset object. No stage lives
+here; the stage modules (`tasks.stages`, `tasks.shards`, `tasks.training_stages`, `tasks.ablation`)
+import it, and it imports none of them.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -19,12 +20,7 @@ from tasks.fingerprints import stage_code
 
 TRAJECTORY_ROW_GROUP = 64  # rows per Parquet row group of a trajectories dataset: a shard reads only its own
 
-
-Log = Callable[[str], None]
-
-
-def _quiet(_: str) -> None:
-    return None
+logger = logging.getLogger(__name__)
 
 
 class StageNotRun(LookupError):
@@ -39,8 +35,8 @@ class StageNotRun(LookupError):
 
 def run_stage(store: ArtifactStore, stage: str, config: dict[str, Any],
               inputs: dict[str, str], model_digest: str | None,
-              compute: Callable[[], dict[str, Any]], only_cached: bool = False, force: bool = False,
-              log: Log = _quiet) -> dict[str, Any]:
+              compute: Callable[[], dict[str, Any]], only_cached: bool = False, force: bool = False
+              ) -> dict[str, Any]:
     """Return the stage's manifest, computing it only when the store has no usable one under its key.
 
     A stored manifest is reused only if every object it reaches is there at its recorded size
@@ -56,8 +52,10 @@ def run_stage(store: ArtifactStore, stage: str, config: dict[str, Any],
         return {**existing, "cached": True, "wall_s": round(time.perf_counter() - started, 3)}
     if only_cached:
         raise StageNotRun(stage, damage)
-    if damage or force:
-        log(f"{stage}: recomputing ({damage or 'forced'})")
+    if damage:
+        logger.warning(f"{stage}: recomputing ({damage})")
+    elif force:
+        logger.info(f"{stage}: recomputing (forced)")
     produced = compute()
     manifest = store.write_manifest(stage, key, {
         **produced, "inputs": inputs, "config": config, "model_digest": model_digest,

@@ -13,6 +13,7 @@ C = 0 (the default) is one draw of all K tasks, as before.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -27,7 +28,9 @@ from tasks.base import _rl_keyed
 from tasks.declarations import declared
 from tasks.fingerprints import stage_code
 from tasks.policy_ref import PolicyRef
-from tasks.units import Log, Unit, UnitJob, UnitWorker
+from tasks.units import Unit, UnitJob, UnitWorker
+
+logger = logging.getLogger(__name__)
 
 CHUNK_STAGE = "sample-chunk"
 
@@ -89,19 +92,19 @@ class SampleJob(UnitJob):
     def committed(self, store: ArtifactStore, unit: Unit) -> dict[str, Any] | None:
         return chunk_committed(store, self.scope, self.index(unit))
 
-    def worker(self, store: ArtifactStore, device: str, log: Log, publish: Callable[[Any], None] | None = None,
+    def worker(self, store: ArtifactStore, device: str, publish: Callable[[Any], None] | None = None,
                planned: list[Unit] | None = None) -> SampleWorker:
-        return SampleWorker(self, store, device, log)
+        return SampleWorker(self, store, device)
 
 
 class SampleWorker(UnitWorker):
     """Plays a sample job's chunks in this process with one loaded policy (loaded on the first chunk
     that needs it) and commits each."""
 
-    def __init__(self, job: SampleJob, store: ArtifactStore, device: str, log: Log):
+    def __init__(self, job: SampleJob, store: ArtifactStore, device: str):
         from race_core.rollout import sample_chunks
 
-        self.job, self.store, self.device, self.log = job, store, device, log
+        self.job, self.store, self.device = job, store, device
         self.ranges = sample_chunks(job.config)
         self.model = self.tokenizer = self.sampler = None
 
@@ -132,8 +135,8 @@ class SampleWorker(UnitWorker):
                   **units.unit_provenance(self.device)}
         ours = units.commit_record(self.store, chunk_record(job.scope, chunk), record, force)
         start, stop = self.ranges[chunk]
-        self.log(f"sample: chunk {chunk} (tasks {start}-{stop - 1}, {record['metrics']['successes']}/{len(rollouts)} "
-                 f"succeeded) " + ("committed" if ours else "was committed by another run meanwhile; this copy is dropped"))
+        logger.info(f"sample: chunk {chunk} (tasks {start}-{stop - 1}, {record['metrics']['successes']}/{len(rollouts)} "
+                    f"succeeded) " + ("committed" if ours else "was committed by another run meanwhile; this copy is dropped"))
         return {"committed": ours, "skipped": False, "read_bytes": 0, "load_s": round(load_s, 3)}
 
     def close(self) -> None:

@@ -5,6 +5,7 @@ too long to score, and `ShardScorer`, which scores shard after shard with one sc
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -12,7 +13,6 @@ from typing import Any
 
 from race_core.config import CoverConfig, Resources, key_fields
 from race_core.schema import Reject, Trajectory
-from tasks.units import Log
 
 
 def cover_key_config(config: CoverConfig, resources: Resources) -> dict[str, Any]:
@@ -29,8 +29,10 @@ def cover_scorer(config: CoverConfig, checkpoint: str, resources: Resources):
                        batch_size=resources.batch_size, **kv, **resources.engine_options(config.backend))
 
 
-def _within(shard: list[Trajectory], renderer, limit: int | None, max_tokens: int, refused: Any, log: Log) -> list[Trajectory]:
-    """The trajectories of `shard` that fit in `limit` tokens; the others become `too_long` rejects."""
+def _within(shard: list[Trajectory], renderer, limit: int | None, max_tokens: int, refused: Any, progress: Any
+            ) -> list[Trajectory]:
+    """The trajectories of `shard` that fit in `limit` tokens; the others become `too_long` rejects
+    (each logged through `progress`, a `race_core.progress.CoverProgress`)."""
     if limit is None or renderer is None:
         return shard
     kept = []
@@ -42,7 +44,8 @@ def _within(shard: list[Trajectory], renderer, limit: int | None, max_tokens: in
         bound = "--max-tokens" if max_tokens and limit == max_tokens else "the model's context"
         refused.write(Reject(file="", line=0, code="too_long", field="turns", trajectory_id=trajectory.id,
                              message=f"renders to {length} tokens, over {bound} of {limit}: not scored"))
-        log(f"cover: trajectory {trajectory.id[:12]} renders to {length} tokens (limit {limit}): rejected as too_long")
+        progress.log(f"cover: trajectory {trajectory.id[:12]} renders to {length} tokens (limit {limit}): rejected "
+                     "as too_long", logging.WARNING)
     return kept
 
 
@@ -91,7 +94,7 @@ class ShardScorer:
 
         scorer = self._ready()
         tokens_before = scorer.stats.tokens_processed
-        kept = _within(trajectories, scorer.renderer, self.limit, self.config.max_tokens, refused, self.progress.log)
+        kept = _within(trajectories, scorer.renderer, self.limit, self.config.max_tokens, refused, self.progress)
         self.progress.skip(len(trajectories) - len(kept))
         if not kept:
             return [], 0, {}

@@ -10,8 +10,8 @@ A `Stage` says
   takes the store and keyword arguments, manifests in, manifest out, and knows nothing of Prefect),
   called with the stage's `inputs` (manifests, policies and parameters the flow body hands it), its
   `config` section (the `PipelineConfig` field passed to it as `config`) and the other sections it
-  `reads` (passed under their own names: `resources`, `cover` for ε), plus `log`, `only_cached`,
-  `force` and, for a stage that reports `progress`, `on_progress`;
+  `reads` (passed under their own names: `resources`, `cover` for ε), plus `only_cached`, `force`
+  and, for a stage that reports `progress`, `on_progress`; its log lines go to its module's logger;
 - the objects its manifest holds (`outputs`), the kind of units its work splits into (`units`, a key
   of `tasks.units.UNIT_KINDS`: an executor runs them, in this process, a Prefect pool or Ray) and
   whether it needs a device (`gpu`: its task carries the `gpu` tag).
@@ -39,7 +39,7 @@ class StageKey:
     libraries: tuple[str, ...] = ()  # distributions whose versions change its numbers (vllm added for backend vllm)
 
 
-ENTRY_OPTIONS = ("log", "only_cached", "force")  # what every entry takes besides its declared arguments
+ENTRY_OPTIONS = ("only_cached", "force")  # what every entry takes besides its declared arguments
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ usable stored output (`race run --force STAGE`). Whether a stage runs at all is 
 storage stage key: a manifest under that key is the cached result (Prefect's own result cache is
 off, so there is one source of truth, which survives a killed process and is shared with `race
 cover`). Each stage that stores something publishes a markdown summary artifact; one that reports
-progress (the cover) a progress artifact too.
+progress (the cover) a progress artifact too. A stage logs to its modules' loggers, which Prefect
+files under its task run (the project's packages are Prefect's extra loggers: `flows/__init__.py`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from prefect import Task, get_run_logger, task
+from prefect import Task, task
 from prefect.artifacts import (
     create_link_artifact,
     create_markdown_artifact,
@@ -63,11 +64,6 @@ def stage_options(name: str) -> dict[str, Any]:
             **(RETRY if stage.key is not None else {"retries": 0})}
 
 
-def _logger_fn() -> Callable[[str], None]:
-    logger = get_run_logger()
-    return logger.info
-
-
 def publish_summary(stage: str, manifest: dict[str, Any]) -> None:
     """A markdown table of the stage's metrics in the Prefect UI."""
     rows = "\n".join(f"| {k} | {v} |" for k, v in sorted(manifest.get("metrics", {}).items()))
@@ -98,8 +94,8 @@ def _stage_run(stage: Stage) -> Callable[..., dict[str, Any]]:
         stage.check_arguments(arguments)
         progress = _ProgressArtifact(stage.name, stage.progress) if stage.progress and not only_cached else None
         extra = {"on_progress": progress.publish} if progress else {}
-        manifest = stage.function()(ArtifactStore(store_url), **arguments, log=_logger_fn(), only_cached=only_cached,
-                                    force=force, **extra)
+        manifest = stage.function()(ArtifactStore(store_url), **arguments, only_cached=only_cached, force=force,
+                                    **extra)
         if progress:
             progress.finish()
         if stage.key is not None:
@@ -129,8 +125,7 @@ class _ProgressArtifact:
 @task(name="select-new", **RETRY, cache_policy=NO_CACHE)
 def select_new_task(store_url: str, trajectories_digests: list[str], model_digest: str, config: CoverConfig,
                     resources: Resources) -> dict[str, Any]:
-    manifest = stages.select_new(ArtifactStore(store_url), trajectories_digests, model_digest, config, resources,
-                                 log=_logger_fn())
+    manifest = stages.select_new(ArtifactStore(store_url), trajectories_digests, model_digest, config, resources)
     publish_summary("select-new", manifest)
     return manifest
 

@@ -28,6 +28,7 @@ manifests (only when some shard of the plan is missing), and gives each unit the
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import tempfile
 import time
@@ -46,7 +47,6 @@ from tasks.fingerprints import stage_code
 from tasks.policy_ref import PolicyRef
 from tasks.rows import read_rows
 from tasks.units import (
-    Log,
     Unit,
     UnitJob,
     UnitWorker,
@@ -55,6 +55,8 @@ from tasks.units import (
     unit_provenance,
     usable,
 )
+
+logger = logging.getLogger(__name__)
 
 SHARD_STAGE = "cover-shard"
 SHARD_VERSION = 1
@@ -216,22 +218,22 @@ class CoverJob(UnitJob):
     def units_per_process(self, resources: Resources) -> int:
         return resources.pool_shards
 
-    def worker(self, store: ArtifactStore, device: str, log: Log, publish: Callable[[Any], None] | None = None,
+    def worker(self, store: ArtifactStore, device: str, publish: Callable[[Any], None] | None = None,
                planned: list[Unit] | None = None) -> CoverWorker:
-        return CoverWorker(self, store, device, log, publish, planned)
+        return CoverWorker(self, store, device, publish, planned)
 
 
 class CoverWorker(UnitWorker):
     """Scores a cover job's shards in this process with one scorer (built on the first shard that
     needs it) and commits each."""
 
-    def __init__(self, job: CoverJob, store: ArtifactStore, device: str, log: Log,
-                 publish: Callable[[Any], None] | None, planned: list[Unit] | None):
+    def __init__(self, job: CoverJob, store: ArtifactStore, device: str, publish: Callable[[Any], None] | None,
+                 planned: list[Unit] | None):
         from race_core.progress import CoverProgress
 
         self.job, self.store, self.device = job, store, device
         total = sum(map(job.size, planned)) if planned is not None else None
-        self.progress = CoverProgress(total, log=log, publish=publish)
+        self.progress = CoverProgress(total, publish=publish)
         self.sized = replace(job.resources, device=device)
         self.scorer = self._shard_scorer()
         self.reuse = _Reuse(store)
@@ -254,7 +256,7 @@ class CoverWorker(UnitWorker):
         self.scorer.close()
         self.sized, change = shrunk(self.sized)
         self.scorer = self._shard_scorer()
-        self.progress.log(f"cover: out of memory on shard {index}: scoring it again with {change}")
+        self.progress.log(f"cover: out of memory on shard {index}: scoring it again with {change}", logging.WARNING)
 
     def do(self, unit: Unit, force: bool = False) -> dict[str, Any]:
         shard = Shard(unit["index"], tuple(unit["ids"]))
@@ -336,7 +338,7 @@ def _score_and_commit(store: ArtifactStore, key: str, shard: Shard, trajectories
     return commit_record(store, manifest_record(key), record, force), metrics["reused"]
 
 
-def merge_shards(store: ArtifactStore, scope: str, plan: list[Shard], log: Log) -> dict[str, Any]:
+def merge_shards(store: ArtifactStore, scope: str, plan: list[Shard]) -> dict[str, Any]:
     """The stage output from its committed shards, in input order: `objects` and `metrics`."""
     manifests = []
     for shard in plan:
@@ -358,7 +360,7 @@ def merge_shards(store: ArtifactStore, scope: str, plan: list[Shard], log: Log) 
         return next((m[name] for m in metrics if m.get(name) is not None), None)
 
     noises = [m["scorer_noise"] for m in metrics if m.get("scorer_noise") is not None]
-    log(f"cover: {len(plan)} shards merged: {decided.rows} decision rows")
+    logger.info(f"cover: {len(plan)} shards merged: {decided.rows} decision rows")
     return {"objects": {"decisions": decided.digest, "rejects": refused.digest},
             "shards": {"stage": SHARD_STAGE, "scope": scope, "ids_digests": [s.ids_digest for s in plan]},
             "metrics": {"trajectories": total("trajectories"), "too_long": total("too_long"),

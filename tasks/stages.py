@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -42,11 +43,12 @@ from race_core.schema import DUPLICATE, Duplicates, Reject, Trajectory, iter_jso
 from storage import ArtifactStore
 from storage.parquet import compressed_row, iter_rows_from_store
 from tasks import shards
-from tasks.base import Log, StageNotRun, TempDataset, _quiet, iter_trajectories, run_stage  # noqa: F401 - re-exported
+from tasks.base import StageNotRun, TempDataset, iter_trajectories, run_stage  # noqa: F401 - re-exported
 from tasks.cover_scoring import cover_key_config, cover_scorer  # noqa: F401 - cover_scorer: re-exported
 from tasks.executors import executor_for
 from tasks.policy_ref import PolicyRef
 
+logger = logging.getLogger(__name__)
 
 # -- ingest + validate -------------------------------------------------------------------------
 def expand_inputs(patterns: Iterable[str], allow_empty: bool = False) -> list[str]:
@@ -134,7 +136,7 @@ def _read_items(url: str, config: IngestConfig, files_read: dict[str, dict[str, 
 
 
 def ingest(store: ArtifactStore, inputs: Iterable[str], config: IngestConfig = IngestConfig(),
-           log: Log = _quiet, only_cached: bool = False, force: bool = False) -> dict[str, Any]:
+           only_cached: bool = False, force: bool = False) -> dict[str, Any]:
     """JSONL files (plain or gzip) -> `trajectories` + `rejects` Parquet. Duplicates (same id) are
     kept once, each later one a `duplicate` row of `rejects`, counted apart from the rejected lines.
 
@@ -165,23 +167,23 @@ def ingest(store: ArtifactStore, inputs: Iterable[str], config: IngestConfig = I
                     duplicates += item.code == DUPLICATE
                 else:
                     good.writer.write(item)
-    log(f"ingest: {good.rows + bad.rows} records = {good.rows} trajectories + {bad.rows - duplicates} rejected "
-        f"lines + {duplicates} duplicates (merged) from {len(files)} file(s)")
+    logger.info(f"ingest: {good.rows + bad.rows} records = {good.rows} trajectories + {bad.rows - duplicates} "
+                f"rejected lines + {duplicates} duplicates (merged) from {len(files)} file(s)")
     metrics = {"ingested": good.rows, "rejected": bad.rows - duplicates, "duplicates": duplicates, "files": len(files)}
     if config.format != RACE:
         metrics["assumed_successful"] = imported.assumed_successful
         if imported.formats:  # format auto: the one picked for each file
             metrics["formats"] = imported.formats
         if imported.assumed_successful:
-            log(f"ingest: warning: {imported.assumed_successful} {config.format} record(s) carry no success flag "
-                f"and were taken as successful (assume_successful)")
+            logger.warning(f"ingest: warning: {imported.assumed_successful} {config.format} record(s) carry no "
+                           f"success flag and were taken as successful (assume_successful)")
         if imported.left_out_steps:
             metrics["left_out_steps"] = imported.left_out_steps
-            log(f"ingest: {left_out_text(imported)}")
+            logger.info(f"ingest: {left_out_text(imported)}")
     produced = {"objects": {"trajectories": good.digest, "rejects": bad.digest}, "metrics": metrics,
                 "files_read": [{"file": f, **files_read[f]} for f in files]}
     inputs_read = {"files": _canonical_inputs({f: r["sha256"] for f, r in files_read.items()})}
-    manifest = run_stage(store, "ingest", keyed, inputs_read, None, lambda: produced, force=force, log=log)
+    manifest = run_stage(store, "ingest", keyed, inputs_read, None, lambda: produced, force=force)
     return {**manifest, "wall_s": round(time.perf_counter() - started, 3)}
 
 
@@ -204,8 +206,8 @@ def _canonical_inputs(digests: dict[str, str]) -> str:
 # -- cover + compress --------------------------------------------------------------------------
 def cover(store: ArtifactStore, trajectories_digest: str, checkpoint: str, model_digest: str,
           config: CoverConfig = CoverConfig(), resources: Resources = Resources(),
-          log: Log = _quiet, scorer_factory: Callable[[], Any] | None = None,
-          on_progress: Callable[[ProgressFigures], None] | None = None, only_cached: bool = False, force: bool = False) -> dict[str, Any]:
+          scorer_factory: Callable[[], Any] | None = None, on_progress: Callable[[ProgressFigures], None] | None = None,
+          only_cached: bool = False, force: bool = False) -> dict[str, Any]:
     """Run the LoGiC cover (Algorithm 1) over the trajectories, shard by shard -> `decisions`
     Parquet, and `rejects` for the trajectories whose rendering is longer than the model's context
     (or `config.max_tokens`): those are not scored (code `too_long`, with the token count).
@@ -213,25 +215,26 @@ def cover(store: ArtifactStore, trajectories_digest: str, checkpoint: str, model
     The shards not committed yet are units of a `tasks.shards.CoverJob`, run by the executor that
     `resources` names (`tasks.executors`: this process, a Prefect work pool, Ray); then the
     committed shards are merged. Progress (`race_core.progress.CoverProgress`): a bar on a
-    terminal, else a line through `log` now and then; `on_progress(figures)` as it goes."""
+    terminal, else a log line now and then; `on_progress(figures)` as it goes."""
 
     def compute() -> dict[str, Any]:
         scope = shards.shard_scope(config, resources, model_digest)
         plan = shards.plan_shards(store, trajectories_digest, resources.shard_size)
         todo = shards.shard_units(store, scope, plan, resources.shard_size, force)
-        log(f"cover: {len(plan)} shard(s) of up to {resources.shard_size}; {len(plan) - len(todo)} committed before")
+        logger.info(f"cover: {len(plan)} shard(s) of up to {resources.shard_size}; {len(plan) - len(todo)} committed "
+                    "before")
         if todo:
             job = shards.CoverJob(trajectories_digest, PolicyRef(model_digest, path=checkpoint), config, resources,
                                   scope, make_scorer=scorer_factory)
-            executor_for(resources).run(job, todo, store, resources, log, force=force, on_progress=on_progress)
-        return shards.merge_shards(store, scope, plan, log)
+            executor_for(resources).run(job, todo, store, resources, force=force, on_progress=on_progress)
+        return shards.merge_shards(store, scope, plan)
 
     return run_stage(store, "cover", cover_key_config(config, resources), {"trajectories": trajectories_digest},
-                     model_digest, compute, only_cached, force, log)
+                     model_digest, compute, only_cached, force)
 
 
 def compress(store: ArtifactStore, trajectories_digest: str, decisions_digest: str, checkpoint: str,
-             model_digest: str, epsilon: float, log: Log = _quiet, only_cached: bool = False,
+             model_digest: str, epsilon: float, only_cached: bool = False,
              refused_digest: str | None = None, force: bool = False) -> dict[str, Any]:
     """Apply the accepted removals -> `compressed` Parquet (one row per trajectory the cover scored;
     the trajectories of `refused_digest`, the cover's rejects, are left out)."""
@@ -251,48 +254,48 @@ def compress(store: ArtifactStore, trajectories_digest: str, decisions_digest: s
         manifest["metrics"]["candidates"] = candidates = cross.candidates
         manifest["metrics"]["cross_turn"] = cross_turn = cross.figure()
         m = manifest["metrics"]
-        log(f"compress: removed reasoning in {m['removed']} of {candidates} candidate turns; reasoning tokens "
-            f"{m['reasoning_tokens_before']} -> {m['reasoning_tokens_after']}; {cross_turn_text(cross_turn)}")
+        logger.info(f"compress: removed reasoning in {m['removed']} of {candidates} candidate turns; reasoning "
+                    f"tokens {m['reasoning_tokens_before']} -> {m['reasoning_tokens_after']}; "
+                    f"{cross_turn_text(cross_turn)}")
         return manifest
 
     inputs = {"trajectories": trajectories_digest, "decisions": decisions_digest}
     if refused_digest:
         inputs["refused"] = refused_digest
-    return run_stage(store, "compress", {"epsilon": epsilon}, inputs, model_digest, compute, only_cached,
-                     force, log)
+    return run_stage(store, "compress", {"epsilon": epsilon}, inputs, model_digest, compute, only_cached, force)
 
 
 # -- the entries the declarations name (tasks.declarations) -------------------------------------
-def ingest_stage(store: ArtifactStore, *, inputs: list[str], config: IngestConfig, log: Log = _quiet,
-                 only_cached: bool = False, force: bool = False) -> dict[str, Any]:
+def ingest_stage(store: ArtifactStore, *, inputs: list[str], config: IngestConfig, only_cached: bool = False,
+                 force: bool = False) -> dict[str, Any]:
     """The input files (paths, globs, URLs) -> an ingest manifest."""
-    return ingest(store, inputs, config, log=log, only_cached=only_cached, force=force)
+    return ingest(store, inputs, config, only_cached=only_cached, force=force)
 
 
-def validate_stage(store: ArtifactStore, *, ingested: dict[str, Any], config: IngestConfig, log: Log = _quiet,
-                   only_cached: bool = False, force: bool = False) -> dict[str, Any]:
+def validate_stage(store: ArtifactStore, *, ingested: dict[str, Any], config: IngestConfig, only_cached: bool = False,
+                   force: bool = False) -> dict[str, Any]:
     """The gate before the cover (a check: stores nothing, always runs)."""
     return validate(ingested, config)
 
 
 def cover_stage(store: ArtifactStore, *, trajectories: dict[str, Any], policy: PolicyRef | dict[str, Any],
-                config: CoverConfig, resources: Resources, log: Log = _quiet, only_cached: bool = False,
-                force: bool = False, on_progress: Callable[[ProgressFigures], None] | None = None) -> dict[str, Any]:
+                config: CoverConfig, resources: Resources, only_cached: bool = False, force: bool = False,
+                on_progress: Callable[[ProgressFigures], None] | None = None) -> dict[str, Any]:
     """The LoGiC cover over the trajectories of an ingest (or select-new) manifest, scored by `policy`
     -> decisions; a shard that runs out of memory is scored again with a smaller batch and KV budget
     (`tasks.shards.CoverWorker.shrink`), on every executor."""
     policy = PolicyRef.of(policy)
     return cover(store, trajectories["objects"]["trajectories"], policy.local_path(store), policy.digest, config,
-                 resources, log=log, only_cached=only_cached, force=force, on_progress=on_progress)
+                 resources, only_cached=only_cached, force=force, on_progress=on_progress)
 
 
 def compress_stage(store: ArtifactStore, *, trajectories: dict[str, Any], decided: dict[str, Any],
-                   policy: PolicyRef | dict[str, Any], config: CoverConfig, log: Log = _quiet,
-                   only_cached: bool = False, force: bool = False) -> dict[str, Any]:
+                   policy: PolicyRef | dict[str, Any], config: CoverConfig, only_cached: bool = False,
+                   force: bool = False) -> dict[str, Any]:
     """The cover's accepted removals applied (at the cover's ε) -> compressed trajectories."""
     policy = PolicyRef.of(policy)
     return compress(store, trajectories["objects"]["trajectories"], decided["objects"]["decisions"],
-                    policy.local_path(store), policy.digest, config.epsilon, log=log, only_cached=only_cached,
+                    policy.local_path(store), policy.digest, config.epsilon, only_cached=only_cached,
                     refused_digest=decided["objects"].get("rejects"), force=force)
 
 
@@ -330,7 +333,7 @@ def catalog_scope(model_digest: str, config: CoverConfig, resources: Resources):
 
 
 def select_new(store: ArtifactStore, trajectories_digests: list[str], model_digest: str,
-               config: CoverConfig, resources: Resources, log: Log = _quiet) -> dict[str, Any]:
+               config: CoverConfig, resources: Resources) -> dict[str, Any]:
     """The trajectories not yet compressed for this (model, ε, scorer) as one dataset. Not cached:
     the answer depends on the catalog, which grows; it is cheap (ids only, then one pass)."""
     from storage import Catalog
@@ -348,7 +351,7 @@ def select_new(store: ArtifactStore, trajectories_digests: list[str], model_dige
                     continue
                 seen.add(trajectory.id)
                 out.writer.write(trajectory)
-    log(f"select: {out.rows} new of {total} trajectories (already compressed: {total - out.rows})")
+    logger.info(f"select: {out.rows} new of {total} trajectories (already compressed: {total - out.rows})")
     return {"objects": {"trajectories": out.digest}, "ids": sorted(seen),
             "metrics": {"new": out.rows, "seen": total, "already_compressed": total - out.rows},
             "scope": scope.to_dict(), "cached": False}

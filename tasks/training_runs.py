@@ -14,8 +14,8 @@ joins with `race train-node --job DIGEST` (`run_job`).
 from __future__ import annotations
 
 import json
+import logging
 import tempfile
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ from tasks.base import iter_trajectories
 from tasks.declarations import declared
 from tasks.fingerprints import stage_code
 
-Log = Callable[[str], None]
+logger = logging.getLogger(__name__)
 
 
 def launches(resources: Resources) -> bool:
@@ -109,7 +109,7 @@ def _write_data(store: ArtifactStore, job: TrainJob, path: Path) -> None:
 
 
 def run_job(store: ArtifactStore, job: TrainJob, machine_rank: int | None = None, accelerate_config: str = "",
-            progress=None, log: Log = lambda _: None) -> tuple[dict[str, Any], dict[str, Any]] | None:
+            progress=None) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """Run `job`'s training processes on this host. On the host of rank 0: (its report, the stored
     policy's manifest fields); elsewhere None. The state folder is removed once the run succeeded."""
     from race_core.config import from_dict
@@ -127,13 +127,13 @@ def run_job(store: ArtifactStore, job: TrainJob, machine_rank: int | None = None
                           report=str(Path(tmp) / "report.json"), device=resources.device, dtype=resources.dtype,
                           options=asdict(TrainOptions.of(resources, state)), epsilon=job.epsilon)
         report = launch(spec, Path(tmp) / "spec.json", resources.train_processes, config_file,
-                        progress=progress, log=log, machine_rank=machine_rank)
+                        progress=progress, machine_rank=machine_rank)
         stored = put_policy_folder(store, spec.out_dir) if report is not None else None
     clear_state(state)
     return (report, stored) if report is not None else None
 
 
-def _launched(store: ArtifactStore, job: TrainJob, resources: Resources, progress, log: Log
+def _launched(store: ArtifactStore, job: TrainJob, resources: Resources, progress
               ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Train in launched processes from this host (rank 0's): (its report, the stored policy's fields).
     When the accelerate config spans several hosts, the job goes into the store and the log says what
@@ -144,17 +144,17 @@ def _launched(store: ArtifactStore, job: TrainJob, resources: Resources, progres
     if hosts > 1:
         digest = job.put(store)
         for rank in range(1, hosts):
-            log(f"{job.kind}: on host {rank} run: race train-node --store {store.url} --job {digest} "
-                f"--machine-rank {rank} --accelerate-config {resources.accelerate_config}")
-    done = run_job(store, job, machine_rank=0 if hosts > 1 else None, progress=progress, log=log)
+            logger.info(f"{job.kind}: on host {rank} run: race train-node --store {store.url} --job {digest} "
+                        f"--machine-rank {rank} --accelerate-config {resources.accelerate_config}")
+    done = run_job(store, job, machine_rank=0 if hosts > 1 else None, progress=progress)
     if done is None:
         raise RuntimeError(f"{job.kind}: the training processes ended without rank 0's report (is this host "
                            "machine_rank 0 of the accelerate config?)")
     return done
 
 
-def sft_compute(store: ArtifactStore, data: str, base, config: SFTConfig, resources: Resources, state: Path,
-                log: Log) -> dict[str, Any]:
+def sft_compute(store: ArtifactStore, data: str, base, config: SFTConfig, resources: Resources, state: Path
+                ) -> dict[str, Any]:
     """Fine-tune `base` (a `PolicyRef`) on the compressed trajectories of object `data`; the sft
     manifest's objects and metrics."""
     from race_core.train import sft as sft_module
@@ -163,11 +163,11 @@ def sft_compute(store: ArtifactStore, data: str, base, config: SFTConfig, resour
 
     def progress(step: int, total: int, loss: float) -> None:
         if step == 1 or step % every == 0 or step == total:
-            log(f"sft: step {step}/{total} loss {loss:.4f}")
+            logger.info(f"sft: step {step}/{total} loss {loss:.4f}")
 
     if launches(resources):
         job = TrainJob("sft", asdict(base), data, asdict(config), asdict(resources), state.name)
-        report, stored = _launched(store, job, resources, progress, log)
+        report, stored = _launched(store, job, resources, progress)
         losses, steps, target_tokens = report["losses"], report["steps"], report["target_tokens"]
         grad_norms, count = report["grad_norms"], report["trajectories"]
     else:
@@ -177,7 +177,7 @@ def sft_compute(store: ArtifactStore, data: str, base, config: SFTConfig, resour
         result = sft_module.train_sft(model, tokenizer, trajectories, config, progress=progress,
                                       options=TrainOptions.of(resources, state))
         if result.extra.get("resumed_from_step"):
-            log(f"sft: resumed from step {result.extra['resumed_from_step']}")
+            logger.info(f"sft: resumed from step {result.extra['resumed_from_step']}")
         from tasks.policy_ref import put_policy
 
         stored = put_policy(store, result.model, tokenizer)
@@ -191,12 +191,12 @@ def sft_compute(store: ArtifactStore, data: str, base, config: SFTConfig, resour
 
 
 def rl_compute(store: ArtifactStore, policy, rollouts_digest: str, config: RLConfig, epsilon: float,
-               resources: Resources, state: Path, log: Log) -> dict[str, Any]:
+               resources: Resources, state: Path) -> dict[str, Any]:
     """One cover-aware RL update of `policy` (a `PolicyRef`) on the stored rollouts; the rl manifest's
     objects and metrics."""
     if launches(resources):
         job = TrainJob("rl", asdict(policy), rollouts_digest, asdict(config), asdict(resources), state.name, epsilon)
-        summary, stored = _launched(store, job, resources, None, log)
+        summary, stored = _launched(store, job, resources, None)
     else:
         from race_core.rollout import rollouts_from_json
         from race_core.train.rl import update_from_rollouts
@@ -209,8 +209,8 @@ def rl_compute(store: ArtifactStore, policy, rollouts_digest: str, config: RLCon
 
         stored = put_policy(store, model, tokenizer)
         summary = {**report.summary(), **report.extra}
-    log(f"rl: loss {summary['loss']:.5f}, masked tokens {summary['masked_tokens']}, closure terms "
-        f"{summary['closure_terms']}, policy tokens {summary['policy_tokens']}")
+    logger.info(f"rl: loss {summary['loss']:.5f}, masked tokens {summary['masked_tokens']}, closure terms "
+                f"{summary['closure_terms']}, policy tokens {summary['policy_tokens']}")
     clear_state(state)
     metrics = {k: v for k, v in summary.items() if k not in ("rank", "step_losses", "grad_norms")}
     return {**stored, "metrics": {**metrics, **training_metrics(summary, summary["step_losses"],

@@ -9,19 +9,22 @@ its files are (a checkpoint folder object in the store, or a local folder). Ever
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from race_core.config import CoverConfig, EvalConfig, Resources, RLConfig, SFTConfig
 from race_core.envs.calculator import ENV_REVISION
 from storage import ArtifactStore
-from tasks.base import Log, _model_config, _quiet, _rl_keyed, run_stage
+from tasks.base import _model_config, _rl_keyed, run_stage
 from tasks.chunks import SampleJob, merge_chunks, sample_keyed, sample_scope  # noqa: F401 - sample_scope: re-exported
 from tasks.executors import executor_for
 from tasks.policy_ref import PolicyRef, materialize  # noqa: F401 - materialize: re-exported
 
+logger = logging.getLogger(__name__)
+
 
 def sft(store: ArtifactStore, compressed_digest: str, base: PolicyRef, config: SFTConfig, resources: Resources,
-        log: Log = _quiet, only_cached: bool = False, force: bool = False) -> dict[str, Any]:
+        only_cached: bool = False, force: bool = False) -> dict[str, Any]:
     """Fine-tune the base policy on the compressed trajectories (assistant tokens only), in this
     process or in launched training processes (`tasks.training_runs`)."""
     keyed, inputs = {**_model_config(config, resources), **resources.training_keyed()}, {"compressed": compressed_digest}
@@ -30,13 +33,13 @@ def sft(store: ArtifactStore, compressed_digest: str, base: PolicyRef, config: S
         from tasks.training_runs import sft_compute, train_state_dir
 
         return sft_compute(store, compressed_digest, base, config, resources,
-                           train_state_dir("sft", keyed, inputs, base.digest), log)
+                           train_state_dir("sft", keyed, inputs, base.digest))
 
-    return run_stage(store, "sft", keyed, inputs, base.digest, compute, only_cached, force, log)
+    return run_stage(store, "sft", keyed, inputs, base.digest, compute, only_cached, force)
 
 
 def sample(store: ArtifactStore, policy: PolicyRef, config: RLConfig, resources: Resources, iteration: int,
-           log: Log = _quiet, only_cached: bool = False, force: bool = False) -> dict[str, Any]:
+           only_cached: bool = False, force: bool = False) -> dict[str, Any]:
     """On-policy episodes of the current policy in the calculator: K tasks × G rollouts, played in
     chunks of `config.sample_chunk` tasks (`tasks.chunks.SampleJob`) by the executor that
     `resources` names (`tasks.executors`)."""
@@ -50,26 +53,26 @@ def sample(store: ArtifactStore, policy: PolicyRef, config: RLConfig, resources:
         planned = [{"index": c} for c in range(len(sample_chunks(config)))]
         todo = [u for u in planned if force or job.committed(store, u) is None]
         if len(planned) > 1:
-            log(f"sample: iteration {iteration}: {len(planned)} chunk(s) of up to {config.sample_chunk or config.tasks_per_iteration} "
-                f"task(s); {len(planned) - len(todo)} committed before")
+            logger.info(f"sample: iteration {iteration}: {len(planned)} chunk(s) of up to "
+                        f"{config.sample_chunk or config.tasks_per_iteration} task(s); {len(planned) - len(todo)} "
+                        "committed before")
         if todo:
-            executor_for(resources).run(job, todo, store, resources, log, force=force)
+            executor_for(resources).run(job, todo, store, resources, force=force)
         rollouts = merge_chunks(store, scope, len(planned))
         digest = store.put_bytes(rollouts_to_json(rollouts).encode("utf-8"))
         successes = sum(r.success for r in rollouts)
         turns = sum(len(r.turns) for r in rollouts)
         reasoning = sum(r.reasoning_token_count() for r in rollouts)
-        log(f"sample: iteration {iteration}: {successes}/{len(rollouts)} rollouts succeeded")
+        logger.info(f"sample: iteration {iteration}: {successes}/{len(rollouts)} rollouts succeeded")
         return {"objects": {"rollouts": digest},
                 "metrics": {"rollouts": len(rollouts), "success_rate": successes / max(len(rollouts), 1),
                             "reasoning_tokens_per_turn": reasoning / max(turns, 1)}}
 
-    return run_stage(store, "sample", keyed, inputs, policy.digest, compute, only_cached, force, log)
+    return run_stage(store, "sample", keyed, inputs, policy.digest, compute, only_cached, force)
 
 
 def rl(store: ArtifactStore, policy: PolicyRef, rollouts_digest: str, config: RLConfig, epsilon: float,
-       resources: Resources, iteration: int, log: Log = _quiet, only_cached: bool = False,
-       force: bool = False) -> dict[str, Any]:
+       resources: Resources, iteration: int, only_cached: bool = False, force: bool = False) -> dict[str, Any]:
     """One cover-aware RL update of the policy on its own rollouts (cover at `epsilon`) -> a new policy,
     in this process or in launched training processes (`tasks.training_runs`)."""
     keyed = {**_rl_keyed(config, resources, iteration), "epsilon": epsilon, **resources.training_keyed()}
@@ -79,13 +82,13 @@ def rl(store: ArtifactStore, policy: PolicyRef, rollouts_digest: str, config: RL
         from tasks.training_runs import rl_compute, train_state_dir
 
         return rl_compute(store, policy, rollouts_digest, config, epsilon, resources,
-                          train_state_dir("rl", keyed, inputs, policy.digest), log)
+                          train_state_dir("rl", keyed, inputs, policy.digest))
 
-    return run_stage(store, "rl", keyed, inputs, policy.digest, compute, only_cached, force, log)
+    return run_stage(store, "rl", keyed, inputs, policy.digest, compute, only_cached, force)
 
 
 def evaluate(store: ArtifactStore, policy: PolicyRef, config: EvalConfig, resources: Resources, label: str = "",
-             log: Log = _quiet, only_cached: bool = False, force: bool = False) -> dict[str, Any]:
+             only_cached: bool = False, force: bool = False) -> dict[str, Any]:
     """Greedy success rate and reasoning tokens per episode on held-out tasks."""
 
     def compute() -> dict[str, Any]:
@@ -106,43 +109,39 @@ def evaluate(store: ArtifactStore, policy: PolicyRef, config: EvalConfig, resour
             if sampler is not None:
                 sampler.close()
         summary = report.summary()
-        log(f"evaluate{(' ' + label) if label else ''}: success {summary['success_rate']:.1%}, "
-            f"reasoning tokens per episode {summary['reasoning_tokens_per_episode']:.1f}")
+        logger.info(f"evaluate{(' ' + label) if label else ''}: success {summary['success_rate']:.1%}, "
+                    f"reasoning tokens per episode {summary['reasoning_tokens_per_episode']:.1f}")
         digest = store.put_bytes(json.dumps(summary, sort_keys=True).encode())
         return {"objects": {"report": digest}, "metrics": summary}
 
     return run_stage(store, "evaluate", _model_config(config, resources, greedy=True, env_revision=ENV_REVISION),
-                     {}, policy.digest, compute, only_cached, force, log)
+                     {}, policy.digest, compute, only_cached, force)
 
 
 # -- the entries the declarations name (tasks.declarations) -------------------------------------
 def sft_stage(store: ArtifactStore, *, compressed: dict[str, Any], base: PolicyRef | dict[str, Any],
-              config: SFTConfig, resources: Resources, log: Log = _quiet, only_cached: bool = False,
+              config: SFTConfig, resources: Resources, only_cached: bool = False,
               force: bool = False) -> dict[str, Any]:
     """The base policy fine-tuned on a compress (or arm) manifest's trajectories -> a policy."""
-    return sft(store, compressed["objects"]["compressed"], PolicyRef.of(base), config, resources, log=log,
+    return sft(store, compressed["objects"]["compressed"], PolicyRef.of(base), config, resources,
                only_cached=only_cached, force=force)
 
 
 def sample_stage(store: ArtifactStore, *, policy: PolicyRef | dict[str, Any], iteration: int, config: RLConfig,
-                 resources: Resources, log: Log = _quiet, only_cached: bool = False,
-                 force: bool = False) -> dict[str, Any]:
+                 resources: Resources, only_cached: bool = False, force: bool = False) -> dict[str, Any]:
     """The policy's on-policy episodes of RL iteration `iteration` -> rollouts."""
-    return sample(store, PolicyRef.of(policy), config, resources, iteration, log=log, only_cached=only_cached,
-                  force=force)
+    return sample(store, PolicyRef.of(policy), config, resources, iteration, only_cached=only_cached, force=force)
 
 
 def rl_stage(store: ArtifactStore, *, policy: PolicyRef | dict[str, Any], sampled: dict[str, Any], iteration: int,
-             config: RLConfig, cover: CoverConfig, resources: Resources, log: Log = _quiet,
-             only_cached: bool = False, force: bool = False) -> dict[str, Any]:
+             config: RLConfig, cover: CoverConfig, resources: Resources, only_cached: bool = False,
+             force: bool = False) -> dict[str, Any]:
     """One cover-aware RL update (its cover at the run's ε, `cover.epsilon`) on a sample manifest -> a policy."""
     return rl(store, PolicyRef.of(policy), sampled["objects"]["rollouts"], config, cover.epsilon, resources,
-              iteration, log=log, only_cached=only_cached, force=force)
+              iteration, only_cached=only_cached, force=force)
 
 
 def evaluate_stage(store: ArtifactStore, *, policy: PolicyRef | dict[str, Any], label: str, config: EvalConfig,
-                   resources: Resources, log: Log = _quiet, only_cached: bool = False,
-                   force: bool = False) -> dict[str, Any]:
+                   resources: Resources, only_cached: bool = False, force: bool = False) -> dict[str, Any]:
     """The policy's held-out figures (`label` names it in the log and the summary artifact)."""
-    return evaluate(store, PolicyRef.of(policy), config, resources, label, log=log, only_cached=only_cached,
-                    force=force)
+    return evaluate(store, PolicyRef.of(policy), config, resources, label, only_cached=only_cached, force=force)

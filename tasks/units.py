@@ -27,7 +27,6 @@ from typing import Any, ClassVar
 from storage import ArtifactStore
 from storage.store import code_version
 
-Log = Callable[[str], None]
 Unit = dict[str, Any]
 
 # kind -> "module:class" of its UnitJob (imported only when a job of that kind is rebuilt)
@@ -103,7 +102,7 @@ class UnitJob(ABC):
         """The unit's manifest if it is committed and its objects are all there."""
 
     @abstractmethod
-    def worker(self, store: ArtifactStore, device: str, log: Log, publish: Callable[[Any], None] | None = None,
+    def worker(self, store: ArtifactStore, device: str, publish: Callable[[Any], None] | None = None,
                planned: list[Unit] | None = None) -> UnitWorker:
         """A worker doing this job's units on `device`; `publish(figures)` receives its progress,
         `planned` (when known) are the units it will be given (for progress totals)."""

@@ -12,9 +12,21 @@ shard. Writes what happened to OUT.json.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import threading
 import time
+
+
+class _Lines(logging.Handler):
+    """Keeps the messages of the records it is given (the stages' log lines, for OUT.json)."""
+
+    def __init__(self, lines: list[str]):
+        super().__init__()
+        self.lines = lines
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
 
 
 def main(argv: list[str]) -> int:
@@ -38,6 +50,8 @@ def main(argv: list[str]) -> int:
     second = cluster.add_node(**node_args)
     cluster.wait_for_nodes()
     result: dict = {"cluster_s": round(time.monotonic() - started, 1), "log": []}
+    logging.getLogger("tasks").addHandler(_Lines(result["log"]))
+    logging.getLogger("tasks").setLevel(logging.INFO)
     store = ArtifactStore(store_url)
     resources = Resources(executor="ray", shard_size=int(shard_size), pickup_timeout=120)
     try:
@@ -46,7 +60,7 @@ def main(argv: list[str]) -> int:
         def cover() -> None:
             try:
                 outcome["manifest"] = stages.cover(store, trajectories, checkpoint, checkpoint_digest(checkpoint),
-                                                   CoverConfig(), resources, log=result["log"].append)
+                                                   CoverConfig(), resources)
             except BaseException as exc:  # noqa: BLE001 - reported to the test
                 outcome["error"] = repr(exc)
 
@@ -68,8 +82,7 @@ def main(argv: list[str]) -> int:
         if "--sample" in argv:
             at = argv.index("--sample")
             policy, config = argv[at + 1], RLConfig(**json.loads(argv[at + 2]))
-            sampled = training_stages.sample(store, PolicyRef.local(policy), config, resources, 0,
-                                             log=result["log"].append)
+            sampled = training_stages.sample(store, PolicyRef.local(policy), config, resources, 0)
             result["rollouts"] = sampled["objects"]["rollouts"]
     finally:
         ray.shutdown()

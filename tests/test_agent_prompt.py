@@ -6,6 +6,8 @@ fitted in that format plays episodes whose ids are the renderer's own."""
 from __future__ import annotations
 
 import json
+import logging
+import logging.handlers
 from dataclasses import replace
 
 import pytest
@@ -142,8 +144,14 @@ def tools_policy(tools_checkpoint):
                                   check_samples=1, max_new_tokens=160, max_turns=3,
                                   sft=SFTConfig(lr=1e-2, steps=200, batch_size=4, warmup_steps=5, max_length=2048,
                                                 length_grouping=False))
-    lines: list[str] = []
-    report = bootstrap_agent(model, tokenizer, config, log=lines.append)
+    logged = logging.handlers.BufferingHandler(capacity=1 << 20)  # a module fixture: no caplog, a handler of its own
+    logger = logging.getLogger("race_core.train.checkpoint_bootstrap")
+    logger.addHandler(logged)
+    try:
+        report = bootstrap_agent(model, tokenizer, config)
+    finally:
+        logger.removeHandler(logged)
+    lines = [record.getMessage() for record in logged.buffer]
     assert report.rounds[0]["last_loss"] < report.rounds[0]["first_loss"] / 4
     assert any(line.startswith("bootstrap check: turn 1/3, ") for line in lines)  # sampling shows its progress
     more = fit_until_greedy(model, tokenizer, dress_expert_trajectories(config, AgentPrompt.of(tokenizer)),
@@ -175,7 +183,8 @@ def test_a_policy_fitted_in_tool_form_plays_episodes_whose_ids_are_the_renderers
     assert exact == 4 and all(r.success for r in rollouts), [(r.success, r.turns) for r in rollouts]
 
 
-def test_expert_iteration_samples_its_rounds_keeps_what_the_judge_accepts_and_trains_the_plain_prompt(tools_policy):
+def test_expert_iteration_samples_its_rounds_keeps_what_the_judge_accepts_and_trains_the_plain_prompt(tools_policy,
+                                                                                                     caplog):
     """The expert-iteration recipe on a copy of the fitted tiny policy: one round of 4 tasks x 2 samples,
     SFT on the episodes the judge accepted. (Without demonstrations: the tiny policy was fitted to the
     bare system message and writes nothing well-formed under a longer one; they are checked apart.)"""
@@ -194,8 +203,9 @@ def test_expert_iteration_samples_its_rounds_keeps_what_the_judge_accepts_and_tr
                                   seed=3 - 1000,  # round 1 plays the tasks of seed 3: the ones the policy was fitted to
                                   sft=SFTConfig(lr=1e-3, steps=4, batch_size=4, max_length=2048,
                                                 length_grouping=False))
-    lines: list[str] = []
-    report = bootstrap_agent(model, tokenizer, config, log=lines.append)
+    caplog.set_level(logging.INFO, logger="race_core.train.checkpoint_bootstrap")
+    report = bootstrap_agent(model, tokenizer, config)
+    lines = caplog.messages
     (entry,) = report.rounds
     assert (entry["data"], entry["round"], entry["sampled"]["episodes"]) == ("own", 1, 8)
     assert 0 < entry["trajectories"] <= entry["sampled"]["succeeded"]  # kept: the judge's successes, deduplicated

@@ -3,6 +3,8 @@ seed, committed one by one; a chunk's rollouts do not depend on what else runs b
 pool's workers (tests/test_scale_out.py) and one process give the same rollouts, and a killed
 stage resumes at the first chunk without a manifest. Real tiny policy, real store."""
 
+import logging
+
 import pytest
 
 from race_core.config import PipelineConfig, Resources, RLConfig, key_fields
@@ -20,10 +22,11 @@ def _rollouts(store: ArtifactStore, manifest: dict) -> list:
     return rollouts_from_json(store.get_bytes(manifest["objects"]["rollouts"]).decode("utf-8"))
 
 
-def test_chunks_are_independent_and_a_killed_stage_resumes_at_the_first_missing_one(smoke_policy, tmp_path):
-    store, policy, lines = ArtifactStore(tmp_path / "store"), PolicyRef.local(smoke_policy), []
+def test_chunks_are_independent_and_a_killed_stage_resumes_at_the_first_missing_one(smoke_policy, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="tasks")
+    store, policy = ArtifactStore(tmp_path / "store"), PolicyRef.local(smoke_policy)
     assert sample_chunks(CONFIG) == [(0, 2), (2, 4), (4, 5)]
-    first = training_stages.sample(store, policy, CONFIG, Resources(), 1, log=lines.append)
+    first = training_stages.sample(store, policy, CONFIG, Resources(), 1)
     rollouts = _rollouts(store, first)
     assert [r.group for r in rollouts] == [k for k in range(5) for _ in range(2)]  # GRPO groups stay global
     assert first["metrics"]["rollouts"] == 10
@@ -38,8 +41,9 @@ def test_chunks_are_independent_and_a_killed_stage_resumes_at_the_first_missing_
     store.fs.rm_file(store.manifest_path("sample", key))
     for chunk in (1, 2):
         store.fs.rm_file(f"{store.root}/{chunk_record(scope, chunk)}")
-    lines.clear()
-    again = training_stages.sample(store, policy, CONFIG, Resources(), 1, log=lines.append)
+    caplog.clear()
+    again = training_stages.sample(store, policy, CONFIG, Resources(), 1)
+    lines = caplog.messages
     assert not again["cached"] and again["objects"]["rollouts"] == first["objects"]["rollouts"]
     assert any("3 chunk(s) of up to 2 task(s); 1 committed before" in line for line in lines), lines
     assert sum("committed" in line and line.startswith("sample: chunk") for line in lines) == 2

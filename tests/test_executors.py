@@ -103,7 +103,7 @@ def test_the_local_executor_does_each_unit_with_one_worker(smoke_policy, tmp_pat
         return original(self, *args)
 
     monkeypatch.setattr(PolicyRef, "load", counted)
-    LocalExecutor().run(job, [{"index": 0}, {"index": 1}], store, Resources(), print)
+    LocalExecutor().run(job, [{"index": 0}, {"index": 1}], store, Resources())
     assert len(loads) == 1 and all(chunk_committed(store, job.scope, c) for c in (0, 1))
 
 

@@ -199,7 +199,7 @@ def test_the_nightly_flow_checks_its_parameters_like_the_manual_one(prefect_harn
 
 
 # -- a stage added by its declaration alone ------------------------------------------------------
-def toy_entry(store, *, trajectories, config, log, only_cached, force):
+def toy_entry(store, *, trajectories, config, only_cached, force):
     """The toy stage's entry: counts an ingest's trajectories (a stage's whole code, `run_stage` keyed)."""
     digest = trajectories["objects"]["trajectories"]
 
@@ -209,7 +209,7 @@ def toy_entry(store, *, trajectories, config, log, only_cached, force):
                 "metrics": {"trajectories": count}}
 
     return stages.run_stage(store, "toy", {"strict": config.strict}, {"trajectories": digest}, None, compute,
-                            only_cached, force, log)
+                            only_cached, force)
 
 
 @pytest.fixture

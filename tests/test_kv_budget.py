@@ -2,6 +2,8 @@
 never decisions; the budget is a resource, not part of the cover's key; a shard out of memory is scored
 again with half the batch and the budget, on every executor (the unit worker does it)."""
 
+import logging
+
 import pytest
 import torch
 
@@ -101,15 +103,15 @@ def test_sizes_are_read_as_people_write_them_and_a_bad_one_names_the_option():
     assert config_from_args(PipelineConfig(), args).resources.kv_budget == 512 * 2**20
 
 
-def test_the_kv_budget_is_not_part_of_the_cover_key(tiny_checkpoint, demo_inputs, tmp_path):
+def test_the_kv_budget_is_not_part_of_the_cover_key(tiny_checkpoint, demo_inputs, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="race_core.progress")
     store = ArtifactStore(str(tmp_path / "store"))
     trajectories = stages.ingest(store, demo_inputs)["objects"]["trajectories"]
-    log: list[str] = []
     first = stages.cover(store, trajectories, str(tiny_checkpoint), checkpoint_digest(tiny_checkpoint), CoverConfig(),
-                         Resources(kv_budget="128KiB", batch_size=4), log=log.append)
+                         Resources(kv_budget="128KiB", batch_size=4))
     assert first["cached"] is False
     assert first["metrics"]["kv_evictions"] > 0 and 0 < first["metrics"]["kv_bytes_peak"] <= 128 * 1024
-    assert any("KV-prefix copies kept within 128.0 KiB (512 B per token)" in line for line in log)
+    assert any("KV-prefix copies kept within 128.0 KiB (512 B per token)" in line for line in caplog.messages)
     again = stages.cover(store, trajectories, str(tiny_checkpoint), checkpoint_digest(tiny_checkpoint), CoverConfig(),
                          Resources(batch_size=4))  # automatic budget: the same decisions, so the same key
     assert again["cached"] is True and again["objects"] == first["objects"]
@@ -130,9 +132,10 @@ def test_out_of_memory_halves_the_batch_and_the_kv_budget_down_to_their_floors()
 
 
 def test_a_shard_out_of_memory_is_scored_again_smaller_and_decides_what_a_run_at_that_size_decides(
-        tiny_checkpoint, demo_inputs, tmp_path, monkeypatch):
+        tiny_checkpoint, demo_inputs, tmp_path, monkeypatch, caplog):
     from tasks import shards
 
+    caplog.set_level(logging.INFO, logger="race_core.progress")
     real, built = shards.cover_scorer, []
 
     def scorer_that_runs_out(config, checkpoint, resources):
@@ -157,12 +160,11 @@ def test_a_shard_out_of_memory_is_scored_again_smaller_and_decides_what_a_run_at
     digest = checkpoint_digest(tiny_checkpoint)
     store = ArtifactStore(str(tmp_path / "store"))
     trajectories = stages.ingest(store, demo_inputs)["objects"]["trajectories"]
-    log, figures = _Log(), []
+    figures = []
     shrinking = stages.cover(store, trajectories, str(tiny_checkpoint), digest, CoverConfig(),
-                             Resources(batch_size=16, kv_budget="1GiB", shard_size=4), log=log,
-                             on_progress=figures.append)
+                             Resources(batch_size=16, kv_budget="1GiB", shard_size=4), on_progress=figures.append)
     assert built == [16, 8, 4]  # two tries of the first shard ran out; the rest ran at batch 4
-    retries = [line for line in log if "out of memory" in line]
+    retries = [line for line in caplog.messages if "out of memory" in line]
     assert retries == ["cover: out of memory on shard 0: scoring it again with batch size 8 (was 16) and KV budget "
                        "512.0 MiB (was 1.0 GiB)",
                        "cover: out of memory on shard 0: scoring it again with batch size 4 (was 8) and KV budget "
@@ -173,11 +175,6 @@ def test_a_shard_out_of_memory_is_scored_again_smaller_and_decides_what_a_run_at
     clean = stages.cover(clean_store, stages.ingest(clean_store, demo_inputs)["objects"]["trajectories"],
                          str(tiny_checkpoint), digest, CoverConfig(), Resources(batch_size=4, shard_size=4))
     assert clean["objects"] == shrinking["objects"]  # the same bytes
-
-
-class _Log(list):
-    def __call__(self, message: str) -> None:
-        self.append(message)
 
 
 class _Worker(UnitWorker):

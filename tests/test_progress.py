@@ -3,6 +3,7 @@ predicted totals, rate and ETA; a bar on a terminal, plain lines elsewhere, the 
 Prefect progress artifact."""
 
 import fcntl
+import logging
 import os
 import struct
 import termios
@@ -16,6 +17,11 @@ from race_core.render import Renderer
 from race_core.scoring.hf import HFScorer
 
 EPS = 1e-3
+
+
+def logged(caplog) -> list[str]:
+    """The lines the progress logged (its logger's records)."""
+    return [r.getMessage() for r in caplog.records if r.name == "race_core.progress"]
 
 
 def candidate_count(trajectories) -> int:
@@ -44,13 +50,15 @@ def run_shards(progress: CoverProgress, scorer: HFScorer, shards) -> None:
 
 
 def test_done_reaches_the_predicted_total_exactly_and_plain_lines_say_where_the_cover_is(
-        tiny_policy, expert_trajectories):
+        tiny_policy, expert_trajectories, caplog):
+    caplog.set_level(logging.INFO, logger="race_core.progress")
     model, tokenizer = tiny_policy
     scorer = HFScorer(model, tokenizer)
     shards = [expert_trajectories[:12], expert_trajectories[12:]]
-    lines, published = [], []
-    progress = CoverProgress(log=lines.append, publish=published.append, bar=False, interval_s=0)
+    published = []
+    progress = CoverProgress(publish=published.append, bar=False, interval_s=0)
     run_shards(progress, scorer, shards)
+    lines = logged(caplog)
     bound = sum(sum(bound_tokens_by_round(t, scorer.renderer)) for t in expert_trajectories)
     final = progress.figures
     assert (final.tokens_done, final.tokens_total) == (bound, bound)
@@ -67,15 +75,18 @@ def test_done_reaches_the_predicted_total_exactly_and_plain_lines_say_where_the_
     assert f"{bound:,}/{bound:,} tokens (100%)" in lines[-1] and "ETA 0:00" in lines[-1]
 
 
-def test_with_the_trajectory_count_the_total_is_extrapolated_and_lines_are_spaced(tiny_policy, expert_trajectories):
+def test_with_the_trajectory_count_the_total_is_extrapolated_and_lines_are_spaced(tiny_policy, expert_trajectories,
+                                                                                  caplog):
+    caplog.set_level(logging.INFO, logger="race_core.progress")
     model, tokenizer = tiny_policy
     scorer = HFScorer(model, tokenizer)
     shard = expert_trajectories[:6]
-    lines, published = [], []
+    published = []
     # 2 shards of the same 6 trajectories and 3 refused ones: the first shard predicts the total exactly
-    progress = CoverProgress(15, log=lines.append, publish=published.append, bar=False, interval_s=3600)
+    progress = CoverProgress(15, publish=published.append, bar=False, interval_s=3600)
     progress.skip(3)
     run_shards(progress, scorer, [shard, shard])
+    lines = logged(caplog)
     one_shard = sum(sum(bound_tokens_by_round(t, scorer.renderer)) for t in shard)
     assert {f.tokens_total for f in published} == {2 * one_shard}
     assert {f.candidates_total for f in published} == {2 * candidate_count(shard)}
@@ -88,25 +99,29 @@ def test_with_the_trajectory_count_the_total_is_extrapolated_and_lines_are_space
     assert lines[1].startswith("cover: trajectories 10-15 of 15: round ") and "(100%)" in lines[1]
 
 
-def test_a_terminal_gets_a_bar_redrawn_in_place_and_log_lines_above_it(tiny_policy, expert_trajectories):
+def test_a_terminal_gets_a_bar_redrawn_in_place_and_log_lines_above_it(tiny_policy, expert_trajectories, caplog):
+    caplog.set_level(logging.INFO, logger="race_core.progress")
     model, tokenizer = tiny_policy
     scorer = HFScorer(model, tokenizer)
     controller, terminal = os.openpty()  # a real pseudo-terminal: `isatty` is what decides
     fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 160, 0, 0))  # 160 columns
     os.set_blocking(controller, False)
-    lines = []
     with os.fdopen(terminal, "w") as stream:
-        progress = CoverProgress(log=lambda m: (lines.append(m), print(m, file=stream, flush=True)),
-                                 stream=stream)
-        shard = expert_trajectories[:4]
-        callback = progress.shard(shard, scorer.renderer)
-        logic_cover(shard, scorer, EPS, progress=callback)
-        progress.log("cover: 4 trajectories scored")
-        progress.close()
+        on_terminal = logging.StreamHandler(stream)  # the log lines on the bar's terminal, as a console shows them
+        logging.getLogger("race_core.progress").addHandler(on_terminal)
+        try:
+            progress = CoverProgress(stream=stream)
+            shard = expert_trajectories[:4]
+            callback = progress.shard(shard, scorer.renderer)
+            logic_cover(shard, scorer, EPS, progress=callback)
+            progress.log("cover: 4 trajectories scored")
+            progress.close()
+        finally:
+            logging.getLogger("race_core.progress").removeHandler(on_terminal)
         stream.flush()
         shown = os.read(controller, 1 << 20).decode()
     os.close(controller)
-    assert lines == ["cover: 4 trajectories scored"]  # no plain progress lines on a terminal
+    assert logged(caplog) == ["cover: 4 trajectories scored"]  # no plain progress lines on a terminal
     assert shown.count("\r") > max(len(t.turns) for t in shard)  # one redraw per round at least
     assert "cover |" in shown and "█" in shown and "tokens (100%)" in shown and "ETA 0:00" in shown
     assert "cover: 4 trajectories scored" in shown

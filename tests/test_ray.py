@@ -113,7 +113,7 @@ def test_the_ray_executor_without_ray_names_the_extra(tmp_path):
     code = ("import sys; sys.modules['ray'] = None\n"
             "from race_core.config import Resources\n"
             "from tasks.executors import executor_for\n"
-            "executor_for(Resources(executor='ray')).run(None, [{'index': 0}], None, Resources(executor='ray'), print)\n")
+            "executor_for(Resources(executor='ray')).run(None, [{'index': 0}], None, Resources(executor='ray'))\n")
     run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert run.returncode != 0
     assert "ImportError: the ray executor needs Ray, which is not installed: pip install -e '.[ray]'" in run.stderr

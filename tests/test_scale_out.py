@@ -12,6 +12,7 @@ PAGE runs at once, PREFECT_API_DEFAULT_LIMIT, so 2.5 pages are 50 child runs rat
 child runs that no worker takes (the run fails saying so)."""
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -284,13 +285,15 @@ def test_a_worker_killed_mid_run_leaves_a_complete_uncorrupted_result(loopback, 
 
 SAMPLE_CONFIG = {"tasks_per_iteration": 4, "group_size": 2, "sample_chunk": 2, "max_new_tokens": 48, "max_turns": 4}
 POOL_SAMPLE = """
-import json, sys
+import json, logging, sys
 from race_core.config import Resources, RLConfig
 from storage import ArtifactStore
 from tasks import training_stages
 from tasks.training_stages import PolicyRef
+logging.basicConfig(format="%(message)s")
+logging.getLogger("tasks").setLevel(logging.INFO)
 manifest = training_stages.sample(ArtifactStore(sys.argv[1]), PolicyRef.local(sys.argv[2]), RLConfig(**json.loads(sys.argv[3])),
-                                  Resources(pool="race-gpu", lease_timeout=20), 0, log=print)
+                                  Resources(pool="race-gpu", lease_timeout=20), 0)
 print(json.dumps(manifest["objects"]))
 """
 
@@ -394,7 +397,7 @@ class NoteJob(UnitJob):
     def committed(self, store, unit):
         return store.read_record(f"stages/note/{self.scope}-{unit['index']}.json")
 
-    def worker(self, store, device, log, publish=None, planned=None):
+    def worker(self, store, device, publish=None, planned=None):
         job = self
 
         class Worker(UnitWorker):
@@ -443,7 +446,7 @@ def _carry(pool: str, store: ArtifactStore, done) -> int:
                     flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(
                         any_=[StateType.SCHEDULED]))), limit=PAGE):
                 client.set_flow_run_state(run.id, Running(), force=True)
-                worker = job_from_spec(run.parameters["kind"], run.parameters["spec"]).worker(store, "cpu", print)
+                worker = job_from_spec(run.parameters["kind"], run.parameters["spec"]).worker(store, "cpu")
                 for unit in run.parameters["units"]:
                     worker.do(unit)
                 client.set_flow_run_state(run.id, Completed(), force=True)
@@ -452,22 +455,22 @@ def _carry(pool: str, store: ArtifactStore, done) -> int:
     return carried
 
 
-def test_a_parent_follows_child_runs_past_the_servers_page(parent_side, tmp_path):
+def test_a_parent_follows_child_runs_past_the_servers_page(parent_side, tmp_path, caplog):
     import contextvars
     import threading
 
     from flows.serve import prepare_pool
     from tasks.executors.pool import PoolExecutor, page_size
 
-    prepare_pool("race-paging", log=print)
-    store, lines, outcome = ArtifactStore(tmp_path / "store"), [], {}
+    caplog.set_level(logging.INFO, logger="tasks.executors.pool")
+    prepare_pool("race-paging")
+    store, outcome = ArtifactStore(tmp_path / "store"), {}
     units = [{"index": i} for i in range(CHILDREN)]
     assert page_size() == PAGE and len(units) > 2 * PAGE  # three reads a round: two whole pages and a part
 
     def parent() -> None:
         try:
-            PoolExecutor().run(NoteJob("p"), units, store, Resources(pool="race-paging", pickup_timeout=120),
-                               lines.append)
+            PoolExecutor().run(NoteJob("p"), units, store, Resources(pool="race-paging", pickup_timeout=120))
         except BaseException as exc:  # noqa: BLE001 - reported below
             outcome["error"] = exc
 
@@ -477,6 +480,7 @@ def test_a_parent_follows_child_runs_past_the_servers_page(parent_side, tmp_path
     carried = _carry("race-paging", store, lambda: not thread.is_alive())
     thread.join()
     assert "error" not in outcome, outcome.get("error")
+    lines = [record.getMessage() for record in caplog.records if record.name == "tasks.executors.pool"]
     assert carried == CHILDREN and len(store.list_records("stages/note")) == CHILDREN
     assert f"note: {CHILDREN} of {CHILDREN} child run(s) done on pool 'race-paging'" in lines[-1], lines[-3:]
     assert not any("go again" in line for line in lines)  # no child was taken for lost and resubmitted
@@ -491,13 +495,13 @@ def test_child_runs_no_worker_takes_fail_the_run_saying_so(parent_side, tmp_path
     from tasks.executors import UnitsFailed
     from tasks.executors.pool import PoolExecutor
 
-    prepare_pool("race-idle", log=print)
+    prepare_pool("race-idle")
     started = time.monotonic()
     with pytest.raises(UnitsFailed, match=r"no worker of pool 'race-idle' took any of 3 waiting child run\(s\) in "
                                           r"\d+ s \(resources.pickup_timeout\), and none is online: start `race "
                                           r"worker --pool race-idle"):
         PoolExecutor().run(NoteJob("idle"), [{"index": i} for i in range(3)], ArtifactStore(tmp_path / "store"),
-                           Resources(pool="race-idle", pickup_timeout=6), print)
+                           Resources(pool="race-idle", pickup_timeout=6))
     assert time.monotonic() - started < 60
     with get_client(sync_client=True) as client:
         runs = client.read_flow_runs(deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=["race-idle"])))

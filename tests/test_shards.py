@@ -116,7 +116,7 @@ def test_a_second_writer_of_a_shard_is_dropped(ingested):
     def writer():
         from race_core.progress import CoverProgress
 
-        return shards.ShardScorer(CoverConfig(), digest, lambda: Recording(checkpoint), CoverProgress(4, log=print))
+        return shards.ShardScorer(CoverConfig(), digest, lambda: Recording(checkpoint), CoverProgress(4))
 
     first = shards._score_and_commit(store, key, plan[0], batch, shards._Reuse(store), writer(), "cpu", read, False)
     committed = store.read_record(shards.manifest_record(key))

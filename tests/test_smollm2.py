@@ -98,5 +98,5 @@ def test_bad_gguf_source_is_a_clear_error(tmp_path, monkeypatch, name, content, 
         source.write_bytes(content)
     monkeypatch.setenv(ENV_SOURCE, str(source))
     with pytest.raises(SmolLM2Error, match=message):
-        ensure_smollm2(tmp_path / "models", log=lambda _: None)
+        ensure_smollm2(tmp_path / "models")
     assert not (tmp_path / "models" / "smollm2-135m-instruct").exists()

@@ -67,7 +67,7 @@ def separate_runs(inputs, tiny_checkpoint, tmp_path_factory):
             scorers.append(cover_scorer(config.cover, config.checkpoint, config.resources))
             return scorers[-1]
 
-        run_cover(config, root / "out", root / "home", log=lambda _: None, scorer_factory=factory)
+        run_cover(config, root / "out", root / "home", scorer_factory=factory)
         (scorer,) = scorers
         runs[epsilon] = (root / "out", scorer.stats)
     return runs

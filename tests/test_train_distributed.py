@@ -12,6 +12,7 @@ here (starting the processes dominates): five launches, about four minutes in al
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import numpy as np
 import pytest
@@ -150,7 +151,7 @@ def test_two_processes_give_the_one_process_rl_update(cache, tmp_path, smoke_pol
 
 
 def test_a_killed_process_fails_the_stage_clearly_and_the_rerun_resumes_from_the_saved_step(
-        sft_runs, compressed, smoke_policy, tmp_path, monkeypatch):
+        sft_runs, compressed, smoke_policy, tmp_path, monkeypatch, caplog):
     from race_core.train.launch import TrainingFailed
 
     monkeypatch.setenv("RACE_CHECKPOINT_CACHE", str(tmp_path / "checkpoints"))
@@ -166,8 +167,10 @@ def test_a_killed_process_fails_the_stage_clearly_and_the_rerun_resumes_from_the
     assert "the last saved training state is step 2" in message and "a rerun resumes from it" in message
 
     monkeypatch.delenv(FAULT_ENV)
-    lines: list[str] = []
-    rerun = sft(store, digest, PolicyRef.local(smoke_policy), SFT, resources, log=lines.append)
+    caplog.set_level(logging.INFO)
+    caplog.clear()
+    rerun = sft(store, digest, PolicyRef.local(smoke_policy), SFT, resources)
+    lines = caplog.messages
     assert any("resuming from step 2" in line for line in lines), lines
     assert not any("sft: step 1/" in line or "sft: step 2/" in line for line in lines)  # steps 1-2 not redone
     assert rerun["metrics"]["resumed_from_step"] == 2
@@ -188,7 +191,7 @@ def _fresh_store(compressed, tmp_path) -> ArtifactStore:
     return store
 
 
-def test_two_hosts_train_as_two_processes_on_one(sft_runs, compressed, smoke_policy, tmp_path, monkeypatch):
+def test_two_hosts_train_as_two_processes_on_one(sft_runs, compressed, smoke_policy, tmp_path, monkeypatch, caplog):
     """An accelerate config of 2 hosts (here both on 127.0.0.1, one process each): the stage runs host
     0 and logs the command for host 1; `race train-node` joins with it; the losses are the 2-process ones."""
     import socket
@@ -204,13 +207,13 @@ def test_two_hosts_train_as_two_processes_on_one(sft_runs, compressed, smoke_pol
     config.write_text(f"distributed_type: MULTI_CPU\nnum_machines: 2\nnum_processes: 2\nmachine_rank: 0\n"
                       f"main_process_ip: 127.0.0.1\nmain_process_port: {port}\nmixed_precision: 'no'\n")
     store = _fresh_store(compressed, tmp_path)
-    lines: list[str] = []
+    caplog.set_level(logging.INFO, logger="tasks")
     result: dict = {}
 
     def host0() -> None:
         try:
             result["manifest"] = sft(store, compressed[1], PolicyRef.local(smoke_policy), SFT,
-                                     Resources(accelerate_config=str(config)), log=lines.append)
+                                     Resources(accelerate_config=str(config)))
         except BaseException as exc:  # noqa: BLE001 - reported below
             result["error"] = exc
 
@@ -218,11 +221,11 @@ def test_two_hosts_train_as_two_processes_on_one(sft_runs, compressed, smoke_pol
     thread.start()
     command = None
     for _ in range(600):
-        command = next((line.split(" run: ", 1)[1] for line in list(lines) if "on host 1 run: " in line), None)
+        command = next((line.split(" run: ", 1)[1] for line in caplog.messages if "on host 1 run: " in line), None)
         if command or not thread.is_alive():
             break
         thread.join(0.2)
-    assert command is not None, (lines, result)
+    assert command is not None, (caplog.messages, result)
     assert command.startswith("race train-node --store ") and "--machine-rank 1" in command
     joined = subprocess.run([sys.executable, "-m", "flows.cli", *command.split()[1:]], capture_output=True,
                             text=True, timeout=600)

@@ -25,6 +25,7 @@ Expert data is bootstrap data only: RACE compresses the policy's own successful 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -45,11 +46,7 @@ REPORT_FILE = "race_bootstrap.json"
 _CHECK_SEED_OFFSET = 7_777_777  # the check's tasks: a training seed no recipe round uses
 _DEMONSTRATION_SEED_OFFSET = 5_555_555  # the demonstrations' tasks: another
 
-Log = Callable[[str], None]
-
-
-def _quiet(_: str) -> None:
-    return None
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -129,13 +126,13 @@ def _episode_figures(rollouts: list[Rollout]) -> dict[str, Any]:
 
 
 def play(model, tokenizer, tasks, samples: int, config: AgentBootstrapConfig, seed: int,
-         agent: AgentPrompt | None = None, log: Log = _quiet, label: str = "") -> list[Rollout]:
+         agent: AgentPrompt | None = None, label: str = "") -> list[Rollout]:
     params = SamplingParams(temperature=config.temperature, max_new_tokens=config.max_new_tokens, seed=seed)
     started = time.perf_counter()
 
     def progress(step: int, finished: int, episodes: int) -> None:  # a turn of every open episode can take minutes
-        log(f"bootstrap {label}: turn {step}/{config.max_turns}, {finished}/{episodes} episodes finished, "
-            f"elapsed {time.perf_counter() - started:.0f} s")
+        logger.info(f"bootstrap {label}: turn {step}/{config.max_turns}, {finished}/{episodes} episodes finished, "
+                    f"elapsed {time.perf_counter() - started:.0f} s")
 
     return play_episodes(model, tokenizer, tasks, samples, params, config.max_turns, agent=agent, progress=progress)
 
@@ -159,8 +156,8 @@ def demonstrated(agent: AgentPrompt, renderer: Renderer, config: AgentBootstrapC
     return replace(agent, system=agent.system + "\n\nAn example of a whole task:\n" + "\n\n".join(blocks))
 
 
-def bootstrap_agent(model, tokenizer, config: AgentBootstrapConfig = AgentBootstrapConfig(), log: Log = _quiet,
-                    options=None, trained: Callable[[Any, Any], None] | None = None) -> AgentBootstrapReport:
+def bootstrap_agent(model, tokenizer, config: AgentBootstrapConfig = AgentBootstrapConfig(), options=None,
+                    trained: Callable[[Any, Any], None] | None = None) -> AgentBootstrapReport:
     """Train `model` (in place) to play `config.env` by `config.recipe`; the tokenizer gets the
     agent prompt. Returns what was trained on and the fresh on-policy check. `options`: how the SFT
     runs train (`race_core.train.distributed.TrainOptions`: mixed precision, ...); `trained(model,
@@ -172,15 +169,15 @@ def bootstrap_agent(model, tokenizer, config: AgentBootstrapConfig = AgentBootst
     env = config.environment
     agent = AgentPrompt.for_renderer(Renderer(tokenizer), env)
     agent.attach(tokenizer)
-    log(f"bootstrap: {config.recipe}; actions as {agent.actions} "
-        f"({'the template renders tool calls' if agent.actions == 'tools' else 'described in the system message'})")
+    logger.info(f"bootstrap: {config.recipe}; actions as {agent.actions} "
+                f"({'the template renders tool calls' if agent.actions == 'tools' else 'described in the system message'})")
 
     def sft(trajectories, label: str) -> dict[str, Any]:
         every = 10
 
         def progress(step: int, total: int, loss: float) -> None:
             if step == 1 or step % every == 0 or step == total:
-                log(f"bootstrap {label}: sft step {step}/{total} loss {loss:.4f}")
+                logger.info(f"bootstrap {label}: sft step {step}/{total} loss {loss:.4f}")
 
         # each SFT run saves (and resumes) its state in a folder of its own: a round's state is not the next one's
         run_options = options
@@ -198,16 +195,16 @@ def bootstrap_agent(model, tokenizer, config: AgentBootstrapConfig = AgentBootst
         for k in range(config.rounds):
             seed = config.seed + 1000 * (k + 1)
             tasks = env.generate_tasks(config.round_tasks, seed, config.difficulty, split="train", shape=config.shape)
-            rollouts = play(model, tokenizer, tasks, config.round_samples, config, seed, prompted, log,
-                            f"round {k + 1}/{config.rounds} sampling")
+            rollouts = play(model, tokenizer, tasks, config.round_samples, config, seed, prompted,
+                            label=f"round {k + 1}/{config.rounds} sampling")
             kept: dict[str, Trajectory] = {}
             for rollout in rollouts:
                 if (played := rollout.to_trajectory()) is not None:  # trained without the demonstrations
                     trajectory = replace(played, system=agent.system, id="")
                     kept[trajectory.id] = trajectory
             figures = _episode_figures(rollouts)
-            log(f"bootstrap round {k + 1}/{config.rounds}: {figures['succeeded']}/{figures['episodes']} episodes "
-                f"succeeded, {len(kept)} kept")
+            logger.info(f"bootstrap round {k + 1}/{config.rounds}: {figures['succeeded']}/{figures['episodes']} "
+                        f"episodes succeeded, {len(kept)} kept")
             entry = {"data": "own", "round": k + 1, "sampled": figures, "trajectories": len(kept)}
             if kept:
                 entry.update(sft(list(kept.values()), f"round {k + 1}"))
@@ -218,8 +215,8 @@ def bootstrap_agent(model, tokenizer, config: AgentBootstrapConfig = AgentBootst
     check_tasks = env.generate_tasks(config.check_tasks, config.seed + _CHECK_SEED_OFFSET, config.difficulty,
                                      split="train", shape=config.shape)
     check = _episode_figures(play(model, tokenizer, check_tasks, config.check_samples, config,
-                                  config.seed + _CHECK_SEED_OFFSET, log=log, label="check"))
-    log(f"bootstrap check: {check['succeeded']} of {check['episodes']} fresh on-policy episodes succeeded")
+                                  config.seed + _CHECK_SEED_OFFSET, label="check"))
+    logger.info(f"bootstrap check: {check['succeeded']} of {check['episodes']} fresh on-policy episodes succeeded")
     return AgentBootstrapReport(recipe=config.recipe, agent={"system": agent.system, "tools": list(agent.tools),
                                                              "actions": agent.actions},
                                 rounds=rounds, check=check, wall_seconds=round(time.perf_counter() - started, 1))
@@ -227,8 +224,7 @@ def bootstrap_agent(model, tokenizer, config: AgentBootstrapConfig = AgentBootst
 
 def bootstrap_checkpoint(checkpoint: str | Path, out_dir: str | Path,
                          config: AgentBootstrapConfig = AgentBootstrapConfig(), *, device: str = "cpu",
-                         dtype: str = "float32", mixed_precision: str = "no", log: Log = _quiet
-                         ) -> AgentBootstrapReport:
+                         dtype: str = "float32", mixed_precision: str = "no") -> AgentBootstrapReport:
     """Load a local chat checkpoint, bootstrap it (`bootstrap_agent`, its SFT under `mixed_precision`
     autocast: bf16, fp16 or no) and save the policy to `out_dir` (a `save_pretrained` folder whose
     tokenizer carries the agent prompt), with `race_bootstrap.json`."""
@@ -237,7 +233,7 @@ def bootstrap_checkpoint(checkpoint: str | Path, out_dir: str | Path,
 
     model, tokenizer = load_policy(checkpoint, device=device, dtype=dtype)
     out = Path(out_dir)
-    report = bootstrap_agent(model, tokenizer, config, log, options=TrainOptions(mixed_precision=mixed_precision),
+    report = bootstrap_agent(model, tokenizer, config, options=TrainOptions(mixed_precision=mixed_precision),
                              trained=lambda m, t: save_policy(m, t, out))  # saved before the check: it is kept
     (out / REPORT_FILE).write_text(json.dumps({"source": str(checkpoint), "config": asdict(config),
                                                **report.to_dict()}, indent=1, default=str) + "\n")

@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-log = logging.getLogger("race.train")
+logger = logging.getLogger(__name__)
 
 LATEST = "latest.json"
 PROGRESS_PREFIX = "RACE_PROGRESS "  # a launched rank 0's progress lines (parsed by race_core.train.launch)
@@ -230,7 +230,7 @@ class TrainRun:
             return 0, {}
         self.accelerator.load_state(str(Path(folder) / latest["folder"]))
         if self.is_main:
-            log.info("resuming from step %d (%s)", step, folder)
+            logger.info("resuming from step %d (%s)", step, folder)
         return step, latest["history"]
 
     def after_step(self, step: int, total: int, history: dict[str, Any]) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -31,9 +32,10 @@ from race_core.train.distributed import LATEST, PROGRESS_PREFIX
 from race_core.train.elastic import Failure, FailureRecord
 from race_core.train.worker import LaunchSpec
 
-Log = Callable[[str], None]
 Progress = Callable[[int, int, float], None]
 TAIL_LINES = 40  # of the processes' output, quoted in a failure's message
+
+logger = logging.getLogger(__name__)
 
 
 class TrainingFailed(RuntimeError):
@@ -113,15 +115,15 @@ def _environment(device: str, processes: int) -> dict[str, str]:
 
 
 def launch(spec: LaunchSpec, spec_path: str | Path, processes: int, accelerate_config: str = "",
-           progress: Progress | None = None, log: Log | None = None, machine_rank: int | None = None
+           progress: Progress | None = None, machine_rank: int | None = None
            ) -> dict[str, Any] | None:
     """Run the training of `spec` (written to `spec_path`) in launched processes on this host; the
     report of rank 0 (None on a host without rank 0)."""
     spec.write(spec_path)
     mixed_precision = spec.options.get("mixed_precision", "no")
     command = launch_command(spec_path, processes, spec.device, accelerate_config, mixed_precision, machine_rank)
-    if log is not None:
-        log(f"{spec.kind}: launching {processes or 'the configured'} training process(es): {' '.join(command[4:7])}")
+    logger.info(f"{spec.kind}: launching {processes or 'the configured'} training process(es): "
+                f"{' '.join(command[4:7])}")
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     record = record_path(spec_path)
     record.unlink(missing_ok=True)  # a record left by an earlier launch of this spec
@@ -136,8 +138,8 @@ def launch(spec: LaunchSpec, spec_path: str | Path, processes: int, accelerate_c
                     progress(step["step"], step["total"], step["loss"])
                 continue
             tail.append(line)
-            if log is not None and line.startswith("resuming from step"):
-                log(f"{spec.kind}: {line}")
+            if line.startswith("resuming from step"):
+                logger.info(f"{spec.kind}: {line}")
     if proc.returncode != 0:
         raise TrainingFailed(failure_message(spec, proc.returncode, list(tail), FailureRecord.read(record)))
     report = Path(spec.report)

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from race_core.config import Resources
 from storage import ArtifactStore
-from tasks.units import Log, Unit, UnitJob
+from tasks.units import Unit, UnitJob
 
 MAX_ATTEMPTS = 3  # tries of one unit (or one child run's group of units) before the stage fails
 
@@ -42,8 +42,8 @@ class UnitsFailed(RuntimeError):
 
 
 class Executor(Protocol):
-    def run(self, job: UnitJob, todo: list[Unit], store: ArtifactStore, resources: Resources, log: Log,
-            force: bool = False, on_progress: Callable[[Any], None] | None = None) -> None:
+    def run(self, job: UnitJob, todo: list[Unit], store: ArtifactStore, resources: Resources, force: bool = False,
+            on_progress: Callable[[Any], None] | None = None) -> None:
         """Do the units `todo` of `job`; return when every one is committed."""
 
 
@@ -63,9 +63,9 @@ def executor_for(resources: Resources) -> Executor:
 class LocalExecutor:
     """The units in this process, in turn, with one worker (one model load)."""
 
-    def run(self, job: UnitJob, todo: list[Unit], store: ArtifactStore, resources: Resources, log: Log,
-            force: bool = False, on_progress: Callable[[Any], None] | None = None) -> None:
-        worker = job.worker(store, resources.device, log, on_progress, planned=todo)
+    def run(self, job: UnitJob, todo: list[Unit], store: ArtifactStore, resources: Resources, force: bool = False,
+            on_progress: Callable[[Any], None] | None = None) -> None:
+        worker = job.worker(store, resources.device, on_progress, planned=todo)
         try:
             for unit in todo:
                 worker.run(unit, force)

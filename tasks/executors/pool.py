@@ -37,6 +37,7 @@ than its grace period (a live lease is rewritten every 2 s, so it is never that 
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -50,7 +51,9 @@ from race_core.config import Resources
 from race_core.progress import ProgressFigures, combine_figures
 from storage import ArtifactStore
 from tasks.executors import MAX_ATTEMPTS, UnitsFailed
-from tasks.units import Log, Unit, UnitJob
+from tasks.units import Unit, UnitJob
+
+logger = logging.getLogger(__name__)
 
 UNITS_FLOW = "race-units"
 LEASE_INTERVAL_S = 2.0
@@ -127,15 +130,15 @@ class _Group:
 class PoolExecutor:
     """Units as child flow runs on the Prefect work pool `resources.pool` (see the module docstring)."""
 
-    def run(self, job: UnitJob, todo: list[Unit], store: ArtifactStore, resources: Resources, log: Log,
-            force: bool = False, on_progress: Callable[[ProgressFigures], None] | None = None) -> None:
+    def run(self, job: UnitJob, todo: list[Unit], store: ArtifactStore, resources: Resources, force: bool = False,
+            on_progress: Callable[[ProgressFigures], None] | None = None) -> None:
         if not resources.pool:
             raise ValueError("parameter 'resources.pool': the pool executor needs a work pool (--pool NAME)")
         _check_deployment(resources.pool)
         portable = job.portable(store)
         per_run = job.units_per_process(resources)
         shared = {"store": store.url, "kind": job.kind, "spec": portable.spec(), "force": force}
-        _Watch(job, store, resources, shared, log, force, on_progress).run(
+        _Watch(job, store, resources, shared, force, on_progress).run(
             [_Group(todo[i:i + per_run]) for i in range(0, len(todo), max(per_run, 1))])
 
 
@@ -155,9 +158,9 @@ def _check_deployment(pool: str) -> None:
 class _Watch:
     """The parent's side of one stage's child runs: submit, watch, resubmit, give up."""
 
-    def __init__(self, job: UnitJob, store: ArtifactStore, resources: Resources, shared: dict[str, Any], log: Log,
-                 force: bool, on_progress: Callable[[ProgressFigures], None] | None):
-        self.job, self.store, self.resources, self.shared, self.log = job, store, resources, shared, log
+    def __init__(self, job: UnitJob, store: ArtifactStore, resources: Resources, shared: dict[str, Any], force: bool,
+                 on_progress: Callable[[ProgressFigures], None] | None):
+        self.job, self.store, self.resources, self.shared = job, store, resources, shared
         self.force, self.on_progress = force, on_progress
         self.pool = resources.pool
         self.name = deployment_name(resources.pool)
@@ -180,8 +183,8 @@ class _Watch:
                              parameters={**self.shared, "units": group.units})
         group.run_id, group.heard_at, group.lease, group.state, group.waiting = (
             run.id, time.monotonic(), None, "SCHEDULED", True)
-        self.log(f"{job.what}: {job.noun} {span} submitted to pool {self.pool!r} as flow run {run.id}"
-                 + (f" (attempt {group.attempts})" if group.attempts > 1 else ""))
+        logger.info(f"{job.what}: {job.noun} {span} submitted to pool {self.pool!r} as flow run {run.id}"
+                    + (f" (attempt {group.attempts})" if group.attempts > 1 else ""))
 
     def run(self, groups: list[_Group]) -> None:
         from prefect.client.orchestration import get_client
@@ -212,9 +215,9 @@ class _Watch:
             shown = figures or shown
             if ended or time.monotonic() - said >= 30:  # a plain line when a child run ends, else every 30 s
                 said = time.monotonic()
-                self.log(f"{self.job.what}: {len(groups) - len(pending)} of {len(groups)} child run(s) done on pool "
-                         f"{self.pool!r} after {round(said - started)} s"
-                         + (f"; {figures.summary()}" if figures is not None else ""))
+                logger.info(f"{self.job.what}: {len(groups) - len(pending)} of {len(groups)} child run(s) done on "
+                            f"pool {self.pool!r} after {round(said - started)} s"
+                            + (f"; {figures.summary()}" if figures is not None else ""))
 
     def workers_online(self, client: Any) -> bool:
         """Whether the pool has a worker that the server hears from (busy with other runs' children, say)."""
@@ -256,7 +259,7 @@ class _Watch:
             elif state.is_completed():
                 group.units = []
             else:
-                self.log(f"{job.what}: child run {group.run_id} ended {group.state}: its {job.noun} go again")
+                logger.warning(f"{job.what}: child run {group.run_id} ended {group.state}: its {job.noun} go again")
                 self.submit(group)
         elif state.is_running() or state.is_pending():
             group.waiting = False
@@ -271,8 +274,8 @@ class _Watch:
             elif time.monotonic() - group.heard_at > self.resources.lease_timeout:
                 silent = round(time.monotonic() - group.heard_at)
                 where = f" on {lease['host']} ({lease['device']})" if lease else ""
-                self.log(f"{job.what}: child run {group.run_id}{where} silent for {silent} s: its worker is taken "
-                         f"for dead; its {job.noun} go again")
+                logger.warning(f"{job.what}: child run {group.run_id}{where} silent for {silent} s: its worker is "
+                               f"taken for dead; its {job.noun} go again")
                 client.set_flow_run_state(group.run_id, Crashed(
                     message=f"lease silent for {silent} s (race {job.what}): {job.noun} submitted again"), force=True)
                 group.state = f"silent for {silent} s"

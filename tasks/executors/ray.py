@@ -19,6 +19,7 @@ unit is tried MAX_ATTEMPTS times in all; then, or when no actor is left, the sta
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import tempfile
@@ -30,9 +31,11 @@ from typing import Any
 from race_core.config import Resources
 from storage import ArtifactStore
 from tasks.executors import MAX_ATTEMPTS, UnitsFailed
-from tasks.units import Log, Unit, UnitJob
+from tasks.units import Unit, UnitJob
 
 RAY_EXTRA = "pip install -e '.[ray]'"
+
+logger = logging.getLogger(__name__)
 
 
 def import_ray():
@@ -52,11 +55,15 @@ class UnitActor:
         from tasks.policy_ref import CACHE_ENV
         from tasks.units import job_from_spec
 
+        # its worker's log lines as plain lines on the actor's stderr, which Ray shows on the driver's
+        logging.basicConfig(format="%(message)s")
+        for name in ("tasks", "race_core"):
+            logging.getLogger(name).setLevel(logging.INFO)
         # an actor's folder is Ray's choice: the fetched model goes to one cache per host
         os.environ.setdefault(CACHE_ENV, os.path.join(tempfile.gettempdir(), "race-cache", "checkpoints"))
         self.job = job_from_spec(kind, spec)
         self.where = f"{socket.gethostname()}:{os.getpid()}"
-        self.worker = self.job.worker(ArtifactStore(store), device, print)
+        self.worker = self.job.worker(ArtifactStore(store), device)
 
     def ready(self) -> str:
         import ray
@@ -88,8 +95,8 @@ def _placement(ray: Any, gpu: bool, wanted: int) -> tuple[int, dict[str, Any]]:
 class RayExecutor:
     """Units on Ray actors (see the module docstring)."""
 
-    def run(self, job: UnitJob, todo: list[Unit], store: ArtifactStore, resources: Resources, log: Log,
-            force: bool = False, on_progress: Callable[[Any], None] | None = None) -> None:
+    def run(self, job: UnitJob, todo: list[Unit], store: ArtifactStore, resources: Resources, force: bool = False,
+            on_progress: Callable[[Any], None] | None = None) -> None:
         ray = import_ray()
         if not ray.is_initialized():
             ray.init(address=resources.ray_address or None, log_to_driver=True)
@@ -104,14 +111,14 @@ class RayExecutor:
         def start() -> Any:
             return remote.remote(store.url, job.kind, spec, "cuda" if gpu else "cpu")
 
-        _Dispatch(ray, job, log, force, start, resources.pickup_timeout).run(todo, actors)
+        _Dispatch(ray, job, force, start, resources.pickup_timeout).run(todo, actors)
 
 
 class _Dispatch:
     """Gives units to idle actors, one at a time, until all are done."""
 
-    def __init__(self, ray: Any, job: UnitJob, log: Log, force: bool, start: Callable[[], Any], wait_s: float):
-        self.ray, self.job, self.log, self.force, self.start, self.wait_s = ray, job, log, force, start, wait_s
+    def __init__(self, ray: Any, job: UnitJob, force: bool, start: Callable[[], Any], wait_s: float):
+        self.ray, self.job, self.force, self.start, self.wait_s = ray, job, force, start, wait_s
         self.failed_start: str | None = None
 
     def run(self, todo: list[Unit], count: int) -> None:
@@ -145,18 +152,18 @@ class _Dispatch:
                 if ref in starting:
                     actor = starting.pop(ref)
                     try:
-                        self.log(f"{job.what}: Ray actor ready on {ray.get(ref)}")
+                        logger.info(f"{job.what}: Ray actor ready on {ray.get(ref)}")
                         idle.append(actor)
                     except ray.exceptions.RayActorError as exc:
                         self.failed_start = f"{type(exc).__name__}: {str(exc)[-400:]}"
-                        self.log(f"{job.what}: a Ray actor failed to start ({self.failed_start})")
+                        logger.warning(f"{job.what}: a Ray actor failed to start ({self.failed_start})")
                     continue
                 actor, unit, tries = running.pop(ref)
                 try:
                     counts = ray.get(ref)
                 except ray.exceptions.RayActorError as exc:  # the actor (or its node) died
-                    self.log(f"{job.what}: a Ray actor died doing {job.noun[:-1]} {job.index(unit)} "
-                             f"({type(exc).__name__}); it goes again")
+                    logger.warning(f"{job.what}: a Ray actor died doing {job.noun[:-1]} {job.index(unit)} "
+                                   f"({type(exc).__name__}); it goes again")
                     self.again(queue, unit, tries, exc)
                     everyone.append(replacement := self.start())
                     starting[replacement.ready.remote()] = replacement
@@ -167,9 +174,9 @@ class _Dispatch:
                 idle.append(actor)
                 done += 1
                 outcome = "skipped" if counts["skipped"] else "committed" if counts["committed"] else "dropped"
-                self.log(f"{job.what}: {job.noun[:-1]} {job.index(unit)} {outcome} by {counts['worker']} "
-                         f"({counts['read_bytes']} bytes read); {done} of {len(todo)} done on Ray after "
-                         f"{round(time.monotonic() - began)} s")
+                logger.info(f"{job.what}: {job.noun[:-1]} {job.index(unit)} {outcome} by {counts['worker']} "
+                            f"({counts['read_bytes']} bytes read); {done} of {len(todo)} done on Ray after "
+                            f"{round(time.monotonic() - began)} s")
         finally:
             for actor in everyone:
                 ray.kill(actor)
