@@ -36,6 +36,29 @@ def test_cover_writes_parquet_and_a_rerun_is_cached(tmp_path, tiny_checkpoint, c
     assert second["cover"] == first["cover"]
 
 
+def test_a_command_without_a_flow_prints_its_log_lines_on_stderr_once_as_bare_messages(tmp_path, tiny_checkpoint,
+                                                                                        demo_inputs):
+    """`race cover` runs no Prefect flow: the stages' log lines are the plain messages on stderr, each
+    once (not also through Prefect's console handler), and stdout is the summary alone. A fresh
+    process, as a user's shell starts it (none of Prefect's logging variables set)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_LOGGING_")}
+    out = tmp_path / "out"
+    run = subprocess.run([sys.executable, "-m", "flows.cli", "cover", "--input", *demo_inputs, "--checkpoint",
+                          str(tiny_checkpoint), "--out", str(out), "--store", str(tmp_path / "store"), "--home",
+                          str(tmp_path / "home")], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(run.stdout)["trajectories"]["ingested"] == 8
+    lines = run.stderr.splitlines()
+    assert lines.count("ingest: 8 records = 8 trajectories + 0 rejected lines + 0 duplicates (merged) from 1 file(s)") == 1
+    assert lines.count(f"report: {out / 'report.html'} (report.md, plots and summary.json beside it)") == 1
+    assert sum(line.startswith("cover: 1 shard(s) of up to ") for line in lines) == 1
+    assert not any(" | INFO " in line for line in lines), run.stderr[-3000:]  # not Prefect's console format too
+
+
 def test_cover_names_a_missing_input_file(tmp_path, capsys):
     assert main(["cover", "--input", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "o"),
                  "--home", str(tmp_path / "h")]) == 2

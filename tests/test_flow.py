@@ -246,3 +246,29 @@ def test_a_stage_is_one_declaration_one_function_and_one_line_in_a_flow_body(pre
     # left out of the selection, the ingest it needs is looked up; the toy itself is cached
     again = with_toy(replace(config, stages=("toy",)))
     assert again["cached"] is True and again["objects"] == first["objects"]
+
+
+def test_a_stages_log_line_reaches_the_prefect_api_under_its_task_run(prefect_harness, demo_inputs, tmp_path):
+    """A stage logs to its module's logger; Prefect files the line under the stage's task run (the
+    project's packages are its extra loggers: flows/__init__.py)."""
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogHandler
+
+    from race_core.config import IngestConfig
+    from tasks.pipeline_tasks import stage_task
+
+    @flow
+    def ingest_only():
+        state = stage_task("ingest")(str(tmp_path / "store"), inputs=demo_inputs, config=IngestConfig(),
+                                     return_state=True)
+        return state.state_details.flow_run_id, state.state_details.task_run_id
+
+    flow_run_id, task_run_id = ingest_only()
+    APILogHandler().flush()  # the handler sends records in batches: the rest now
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+    line = "ingest: 8 records = 8 trajectories + 0 rejected lines + 0 duplicates (merged) from 1 file(s)"
+    assert [(log.name, log.task_run_id) for log in logs if log.message == line] == [("tasks.stages", task_run_id)], \
+        [(log.name, log.message) for log in logs]
