@@ -66,18 +66,15 @@ class NaiveScorer:
         return None
 
 
-def bound_work(renderer: Renderer, results: Sequence[CoverResult]) -> tuple[int, int]:
-    """(tokens, action tokens) the exact cover must compute, replaying each result's accepted removals
-    and rendering each trajectory once. Tokens: each trajectory once up to its last action, then for
-    each candidate the suffix after the prefix it shares with the trajectory as held at that point.
-    Action tokens, each through the model's head: every action of each trajectory, then for each
-    candidate its actions from the turn it removed reasoning at."""
-    tokens = targets = 0
+def _bound_feeds(renderer: Renderer, results: Sequence[CoverResult]):
+    """The spans of positions the exact cover must feed, with the action tokens it scores there:
+    (start, end, action tokens) for each trajectory once up to its last action, then for each
+    candidate from the first position where it differs from the trajectory as held at that point
+    (accepted removals replayed) to the end of its last action."""
     for result in results:
         current = result.original
         held = renderer.render(current)
-        tokens += held.action_spans[-1][1]
-        targets += sum(end - start for start, end in held.action_spans)
+        yield 0, held.action_spans[-1][1], sum(end - start for start, end in held.action_spans)
         for t in range(1, len(current.turns)):
             if not current.turns[t].reasoning:
                 continue
@@ -86,16 +83,33 @@ def bound_work(renderer: Renderer, results: Sequence[CoverResult]) -> tuple[int,
             end = x.action_spans[-1][1]
             n = min(len(held), end)
             mismatch = np.flatnonzero(held.input_ids[:n] != x.input_ids[:n])
-            tokens += end - (int(mismatch[0]) if mismatch.size else n)
-            targets += sum(b - a for a, b in x.action_spans[t:])
+            yield int(mismatch[0]) if mismatch.size else n, end, sum(b - a for a, b in x.action_spans[t:])
             if t in result.skipped_turns:
                 current, held = candidate, x
+
+
+def bound_work(renderer: Renderer, results: Sequence[CoverResult]) -> tuple[int, int]:
+    """(tokens, action tokens) the exact cover must compute, rendering each trajectory once. Tokens:
+    each trajectory once up to its last action, then for each candidate the suffix after the prefix
+    it shares with the trajectory as held at that point. Action tokens, each through the model's
+    head: every action of each trajectory, then for each candidate its actions from the turn it
+    removed reasoning at."""
+    tokens = targets = 0
+    for start, end, actions in _bound_feeds(renderer, results):
+        tokens, targets = tokens + end - start, targets + actions
     return tokens, targets
 
 
 def bound_tokens(renderer: Renderer, results: Sequence[CoverResult]) -> int:
     """Tokens the exact cover must compute (`bound_work`)."""
     return bound_work(renderer, results)[0]
+
+
+def bound_pairs(renderer: Renderer, results: Sequence[CoverResult]) -> int:
+    """(query, key) pairs of one attention layer the exact cover must compute: each token it feeds
+    (`bound_work`) at position p attends over the p + 1 positions up to it, its prefix included,
+    whatever reuses that prefix's keys and values."""
+    return sum((end * (end + 1) - start * (start + 1)) // 2 for start, end, _ in _bound_feeds(renderer, results))
 
 
 def head_throughput(model, rows: int = 512, repeats: int = 3) -> float:
@@ -123,6 +137,45 @@ def head_throughput(model, rows: int = 512, repeats: int = 3) -> float:
             if i:  # the first is the warm-up
                 best = min(best, time.perf_counter() - start)
     return rows / best
+
+
+def forward_prices(model, tokens: int = 4096, lengths: Sequence[int] = (64, 256, 1024, 4096), repeats: int = 2,
+                   seed: int = 0) -> dict[str, float]:
+    """The raw forward's price of a position through the layers and of an attention pair, measured:
+    one batched forward (decoder only, no cache, causal) of about `tokens` random ids at each row
+    length of `lengths` (rows = tokens // length; lengths over the model's context are dropped), the
+    fastest of `repeats` after a warm-up, and wall seconds = per_token x positions + per_pair x
+    causal pairs (L(L+1)/2 a row) fitted by least squares. A forward over short rows is nearly all
+    matrix products; over long ones attention grows with the row, which is what a candidate pays
+    over a long prefix and what `forward_throughput` at one length does not say."""
+    import torch
+
+    context = int(model.config.get_text_config().max_position_embeddings)
+    device = next(model.parameters()).device
+    vocab = model.get_input_embeddings().weight.shape[0]
+    decoder = model.get_decoder()
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    generator = torch.Generator().manual_seed(seed)
+    shapes = [(max(tokens // length, 1), length) for length in lengths if length <= context]
+    if len(shapes) < 2:
+        raise ValueError(f"forward_prices: need two row lengths within the model's context of {context}, got {lengths}")
+    rows_of_fit, times = [], []
+    with torch.inference_mode():
+        for rows, length in shapes:
+            ids = torch.randint(0, vocab, (rows, length), generator=generator).to(device)
+            decoder(input_ids=ids, use_cache=False)  # warm-up
+            best = float("inf")
+            for _ in range(repeats):
+                sync()
+                start = time.perf_counter()
+                decoder(input_ids=ids, use_cache=False)
+                sync()
+                best = min(best, time.perf_counter() - start)
+            rows_of_fit.append((rows * length, rows * length * (length + 1) / 2))
+            times.append(best)
+    (per_token, per_pair), *_ = np.linalg.lstsq(np.array(rows_of_fit), np.array(times), rcond=None)
+    return {"per_token_s": float(per_token), "per_pair_s": float(max(per_pair, 0.0)),
+            "shapes": [list(shape) for shape in shapes], "wall_s": times}
 
 
 def forward_throughput(model, renderer: Renderer, trajectories: Sequence[Trajectory], batch_size: int,

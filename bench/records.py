@@ -163,6 +163,7 @@ def _figures(method: dict[str, Any]) -> dict[str, Any]:
     fed = work.get("tokens_processed")
     return {"wall s": method.get("wall_s"), "CPU s": method.get("cpu_s"), "time vs bound": method.get("time_vs_bound"),
             "time vs bound + head": method.get("time_vs_bound_with_head"),  # records before it: None
+            "time vs attention bound": method.get("time_vs_attention_bound"),  # records before it: None
             "CPU vs bound": method.get("cpu_vs_bound"), "tokens vs bound": method.get("tokens_vs_bound"),
             "padded / fed": work["padded_positions"] / fed if fed and "padded_positions" in work else None,
             **{name: work.get(name) for name in SHOWN_WORK}}
@@ -218,16 +219,16 @@ def machine_label(data: dict[str, Any]) -> str:
 
 def table(records: list[tuple[str, dict[str, Any]]]) -> str:
     """The README's performance table from records: one row per (run, method), with the work
-    counters beside the ratios (to the bound, and to the bound plus the head's time where the record
-    measured it), grouped by the machine each record ran on (`machine_label`: the CPU model and its
+    counters beside the ratios (to the bound, to the bound plus the head's time and to the bound with
+    attention, `bench.scoring.attention_bound`, where the record measured them), grouped by the machine each record ran on (`machine_label`: the CPU model and its
     matrix extensions; M1, M2... in order of first appearance), and under it which machine, commit
     and load each record comes from."""
     machines: dict[str, list[tuple[str, dict[str, Any]]]] = {}
     for name, data in records:
         machines.setdefault(machine_label(data), []).append((name, data))
-    lines = ["| record | machine | model | N | T | method | wall s | time vs bound | vs bound + head | CPU vs bound "
-             "| tokens vs bound | padded / fed | forwards |",
-             "| --- | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = ["| record | machine | model | N | T | method | wall s | time vs bound | vs bound + head "
+             "| vs bound + attention | CPU vs bound | tokens vs bound | padded / fed | forwards |",
+             "| --- | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     notes, k = [], 0
     for j, (label, group) in enumerate(machines.items(), 1):
         notes.append(f"M{j}: {label}")
@@ -240,13 +241,17 @@ def table(records: list[tuple[str, dict[str, Any]]]) -> str:
                     f = _figures(method)
                     lines.append(f"{row} {method['name']} | "
                                  f"{_cell(f['wall s'])} | {_ratio(f['time vs bound'])} | "
-                                 f"{_ratio(f['time vs bound + head'])} | {_ratio(f['CPU vs bound'])} | "
+                                 f"{_ratio(f['time vs bound + head'])} | {_ratio(f['time vs attention bound'])} | "
+                                 f"{_ratio(f['CPU vs bound'])} | "
                                  f"{_ratio(f['tokens vs bound'])} | {_ratio(f['padded / fed'])} | "
                                  f"{_cell(f['forward_calls'])} |")
                 bound = run["bound"]
                 head = bound.get("head_wall_s")
                 with_head = "" if head is None else f"{bound['wall_s'] / (bound['wall_s'] + head):.2f}x"
-                lines.append(f"{row} work bound | {bound['wall_s']:,.2f} | 1.00x | {with_head} | 1.00x | 1.00x | | |")
+                attention = bound.get("attention", {}).get("wall_s")
+                with_attention = "" if attention is None else f"{bound['wall_s'] / attention:.2f}x"
+                lines.append(f"{row} work bound | {bound['wall_s']:,.2f} | 1.00x | {with_head} | {with_attention} "
+                             "| 1.00x | 1.00x | | |")
     return "\n".join(lines) + "\n\n" + "\n".join(notes) + "\n"
 
 

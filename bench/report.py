@@ -23,17 +23,18 @@ def format_table(run: dict[str, Any]) -> str:
              f"hf batch {run['batch_size']}: {run['candidates']} candidates, {run['accepted_removals']} accepted",
              "",
              "| method | wall s | tokens processed | tokens/s | speed-up vs naive | time vs bound "
-             "| CPU s | speed-up vs naive (CPU) | CPU vs bound |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| vs bound + attention | CPU s | speed-up vs naive (CPU) | CPU vs bound |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for m in run["methods"]:
         name = m["name"] + (f" (measured on {m['measured_on']}, scaled)" if m["measured_on"] < run["N"] else "")
         cpu = (f"{m['cpu_s']:.2f} | {_times(m['speedup_vs_naive_cpu'], 1)} | {m['cpu_vs_bound']:.2f}x"
                if m["cpu_s"] is not None else "n/a | n/a | n/a")
         lines.append(f"| {name} | {m['wall_s']:.2f} | {m['tokens_processed']:,} | {m['tokens_per_s']:,.0f} | "
-                     f"{_times(m['speedup_vs_naive'], 1)} | {m['time_vs_bound']:.2f}x | {cpu} |")
+                     f"{_times(m['speedup_vs_naive'], 1)} | {m['time_vs_bound']:.2f}x | "
+                     f"{_times(m.get('time_vs_attention_bound'))} | {cpu} |")
     lines.append(f"| work bound | {bound['wall_s']:.2f} | {bound['tokens']:,} | {bound['forward_tokens_per_s']:,.0f} "
-                 f"(raw forward) | | 1.00x | {bound['cpu_s']:.2f} | | 1.00x |")
-    lines += ["", format_work(run), "", head_note(run)]
+                 f"(raw forward) | | 1.00x | {_attention_bound_ratio(bound)} | {bound['cpu_s']:.2f} | | 1.00x |")
+    lines += ["", format_work(run), "", head_note(run), attention_note(run)]
     lines.append(f"decisions identical across methods: {run['decisions_identical']} "
                  f"({format_comparison(run['decisions_compared'])})")
     lines.append("CPU s = this process's CPU time over all threads: unlike wall time it is not inflated by "
@@ -69,23 +70,24 @@ def format_real_table(run: dict[str, Any]) -> str:
              f"{run['input']}: N={run['N']}, T={run['T']}, {run['tokens']:,} tokens, epsilon {run['epsilon']:g}, "
              f"hf batch {run['batch_size']}" + (f", fastest of {run['repeats']} runs" if run["repeats"] > 1 else ""),
              "",
-             "| method | wall s | tokens processed | tokens vs bound | time vs bound | CPU s | CPU vs bound "
-             "| speed-up vs naive | accepted / candidates |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| method | wall s | tokens processed | tokens vs bound | time vs bound | vs bound + attention | CPU s "
+             "| CPU vs bound | speed-up vs naive | accepted / candidates |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for m in run["methods"]:
         scaled = m["measured_on"] < run["N"]
         name = m["name"] + (f" (measured on {m['measured_on']}, scaled)" if scaled else "")
         cpu = f"{m['cpu_s']:.2f} | {m['cpu_vs_bound']:.2f}x" if m["cpu_s"] is not None else "n/a | n/a"
         mix = f"{m['accepted_removals']} / {m['candidates']}" + (f" (on {m['measured_on']})" if scaled else "")
         lines.append(f"| {name} | {m['wall_s']:.2f} | {m['tokens_processed']:,} | {m['tokens_vs_bound']:.2f}x | "
-                     f"{m['time_vs_bound']:.2f}x | {cpu} | {_times(m['speedup_vs_naive'], 1)} | {mix} |")
-    lines.append(f"| work bound | {bound['wall_s']:.2f} | {bound['tokens']:,} | 1.00x | 1.00x | {bound['cpu_s']:.2f} "
-                 f"| 1.00x | | |")
+                     f"{m['time_vs_bound']:.2f}x | {_times(m.get('time_vs_attention_bound'))} | {cpu} | "
+                     f"{_times(m['speedup_vs_naive'], 1)} | {mix} |")
+    lines.append(f"| work bound | {bound['wall_s']:.2f} | {bound['tokens']:,} | 1.00x | 1.00x | "
+                 f"{_attention_bound_ratio(bound)} | {bound['cpu_s']:.2f} | 1.00x | | |")
     lines += ["", format_work(run), ""]
     lines.append(f"work bound: {bound['tokens']:,} tokens at the raw forward's {bound['forward_tokens_per_s']:,.0f} "
                  f"tokens/s ({bound['forward_tokens_per_cpu_s']:,.0f} per CPU s; {bound['throughput_rows']} rows "
                  f"in one batch), the fastest of the raw forwards timed just before each method; every ratio uses it")
-    lines.append(head_note(run))
+    lines += [head_note(run), attention_note(run)]
     lines.append(f"decisions identical across methods: {run['decisions_identical']} "
                  f"({format_comparison(run['decisions_compared'])}); scorer noise {run['scorer_noise']:.2e}")
     if run["rejects"]:
@@ -106,6 +108,24 @@ def head_note(run: dict[str, Any]) -> str:
     return (f"the bound times the decoder alone; the head over the {bound['head_targets']:,} action tokens the cover "
             f"scores takes {bound['head_wall_s']:.2f} s more at the raw head's {bound['head_tokens_per_s']:,.0f} "
             f"tokens/s: against the bound with the head, {ratios}")
+
+
+def _attention_bound_ratio(bound: dict[str, Any]) -> str:
+    attention = bound.get("attention")
+    return f"{bound['wall_s'] / attention['wall_s']:.2f}x" if attention else "n/a"
+
+
+def attention_note(run: dict[str, Any]) -> str:
+    """What the bound with attention adds (`bench.scoring.attention_bound`; older records lack it)."""
+    attention = run["bound"].get("attention")
+    if not attention:
+        return "the bound with attention was not measured in this record"
+    shapes = ", ".join(f"{rows} x {length}" for rows, length in attention["shapes"])
+    return (f"the bound with attention: the bound's {run['bound']['tokens']:,} tokens attend over "
+            f"{attention['pairs']:,} (query, key) pairs ({attention['pairs_per_token']:,.0f} per token), priced by "
+            f"raw forwards of {shapes} at {attention['per_token_s'] * 1e6:.1f} µs a position and "
+            f"{attention['per_pair_s'] * 1e9:.2f} ns a pair: {attention['wall_s']:.2f} s, attention "
+            f"{attention['attention_share']:.0%} of it")
 
 
 def format_demo(demo: dict[str, Any]) -> str:

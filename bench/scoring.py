@@ -49,7 +49,15 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench.baselines import NaiveScorer, bound_tokens, bound_work, forward_throughput, head_throughput
+from bench.baselines import (
+    NaiveScorer,
+    bound_pairs,
+    bound_tokens,
+    bound_work,
+    forward_prices,
+    forward_throughput,
+    head_throughput,
+)
 from bench.workload import (
     MODELS,
     LongWorkload,
@@ -271,6 +279,7 @@ def bench_methods(tag: str, checkpoint: Path, model, tokenizer, renderer: Render
     bound_wall, bound_cpu = bound / throughput, bound / cpu_throughput
     head_rate = head_throughput(model)
     head_wall = targets / head_rate
+    attention = attention_bound(model, renderer, trajectories, reference, bound)
     naive = next((r for r in runs if r.name == "naive"), None)
     methods = []
     for run in runs:
@@ -279,6 +288,7 @@ def bench_methods(tag: str, checkpoint: Path, model, tokenizer, renderer: Render
                   "speedup_vs_naive": naive.wall_s / run.wall_s if naive and run.wall_s else None,
                   "time_vs_bound": run.wall_s / bound_wall if bound_wall else None,
                   "time_vs_bound_with_head": run.wall_s / (bound_wall + head_wall) if bound_wall else None,
+                  "time_vs_attention_bound": run.wall_s / attention["wall_s"] if attention["wall_s"] else None,
                   "tokens_vs_bound": run.tokens_processed / bound if bound else None,
                   "cpu_s": run.cpu_s, "speedup_vs_naive_cpu": naive.cpu_s / run.cpu_s if naive and run.cpu_s else None,
                   "cpu_vs_bound": run.cpu_s / bound_cpu if run.cpu_s and bound_cpu else None,
@@ -295,10 +305,30 @@ def bench_methods(tag: str, checkpoint: Path, model, tokenizer, renderer: Render
                       "cpu_s": bound / cpu_throughput, "forward_tokens_per_cpu_s": cpu_throughput,
                       "throughput_rows": min(throughput_rows, n),
                       "head_targets": targets, "head_tokens_per_s": head_rate, "head_wall_s": head_wall,
+                      "attention": attention,
                       "measured": "the fastest of the raw forwards timed just before each method "
                                   "(each method's own: forward_tokens_per_s_before)"},
             "accepted_removals": accepted_removals(reference), "candidates": candidate_count(reference),
             "decisions_compared": comparison, "decisions_identical": identical, "notes": notes, **profiled}
+
+
+def attention_bound(model, renderer: Renderer, trajectories: Sequence[Trajectory], results: Sequence[CoverResult],
+                    tokens: int) -> dict[str, Any]:
+    """The work bound with the attention every candidate must compute: the bound's tokens at the raw
+    forward's price of a position through the layers, plus the (query, key) pairs its fed tokens
+    attend over (`bound_pairs`: a candidate's suffix over its whole prefix) at the price of a pair,
+    both fitted on raw forwards of as many positions in rows of the workload's longest rendered
+    length and of a quarter, a sixteenth and a sixty-fourth of it (`forward_prices`). The raw-forward
+    bound times everything at one length, the shortest trajectory's, where attention is a small part:
+    on long episodes it is not a bound on what an exact cover must compute."""
+    longest = max(renderer.render(t).action_spans[-1][1] for t in trajectories)
+    lengths = [longest >> k for k in range(6, -1, -2) if longest >> k >= 32]  # longest / 64, / 16, / 4, longest
+    prices = forward_prices(model, tokens=max(longest, 2048), lengths=lengths)
+    pairs = bound_pairs(renderer, results)
+    return {"pairs": pairs, "pairs_per_token": pairs / tokens if tokens else None, **prices,
+            "wall_s": tokens * prices["per_token_s"] + pairs * prices["per_pair_s"],
+            "attention_share": pairs * prices["per_pair_s"] / (tokens * prices["per_token_s"]
+                                                                 + pairs * prices["per_pair_s"])}
 
 
 def _vllm_run(checkpoint: Path, trajectories: Sequence[Trajectory], n: int, options: BenchOptions,

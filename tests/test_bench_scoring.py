@@ -11,7 +11,7 @@ import re
 from dataclasses import replace
 
 import pytest
-from work_bound import bound_tokens, full_forward_tokens, head_targets, naive_tokens
+from work_bound import bound_pairs, bound_tokens, full_forward_tokens, head_targets, naive_tokens
 
 from bench.baselines import NaiveScorer
 from bench.cli import add_bench_parser
@@ -98,6 +98,26 @@ def test_the_long_workload_runs_every_method_to_the_same_decisions(tiny_checkpoi
     assert "naive skipped: --no-naive" in run["notes"] and "| n/a |" in format_table(run)
     low, high = map(int, run["T"].split("-"))
     assert 5 <= low <= high <= 7 and run["tokens"] > 0
+    # the bound with attention: the pairs every fed token must attend over, counted here from the
+    # renderings; prefixes read in place compute them and the padded queries' pairs of the new part,
+    # fewer than the copying path (a row's queries over the batch's longest prefix)
+    from race_core.cover import DEFAULT_EPSILON, logic_cover
+    from race_core.policy import load_policy
+    from race_core.scoring.hf import HFScorer
+
+    model, tokenizer = load_policy(tiny_checkpoint)
+    renderer = Renderer(tokenizer)
+    results = logic_cover(long_trajectories(renderer, long, model.config.max_position_embeddings),
+                          HFScorer(model, tokenizer, batch_size=4), DEFAULT_EPSILON)
+    attention = run["bound"]["attention"]
+    hf, copied = (next(m for m in run["methods"] if m["name"] == name) for name in ("hf", "hf (prefix copied)"))
+    assert attention["pairs"] == bound_pairs(renderer, results) > run["bound"]["tokens"]
+    assert attention["pairs"] <= hf["work"]["attention_pairs"] < copied["work"]["attention_pairs"]
+    assert attention["per_token_s"] > 0 and attention["per_pair_s"] >= 0 and len(attention["shapes"]) >= 2
+    assert attention["wall_s"] == pytest.approx(run["bound"]["tokens"] * attention["per_token_s"]
+                                                + attention["pairs"] * attention["per_pair_s"])
+    assert hf["time_vs_attention_bound"] == pytest.approx(hf["wall_s"] / attention["wall_s"])
+    assert "the bound with attention:" in format_table(run)
 
 
 def test_naive_scorer_matches_the_hf_scorer(tiny_policy, expert_trajectories):

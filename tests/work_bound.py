@@ -42,6 +42,21 @@ def bound_tokens(renderer: Renderer, results) -> int:
     return total
 
 
+def bound_pairs(renderer: Renderer, results) -> int:
+    """(query, key) pairs of one attention layer over the bound's tokens: a token fed at position p
+    (counted from 0) attends over the p + 1 positions up to it."""
+    total = 0
+    for original, pairs in held_and_candidates(results):
+        end = renderer.render(original).action_spans[-1][1]
+        total += sum(p + 1 for p in range(end))
+        for candidate, held in pairs:
+            rendered = renderer.render(candidate)
+            end = rendered.action_spans[-1][1]
+            start = common_prefix(renderer.render(held).input_ids[:end], rendered.input_ids[:end])
+            total += sum(p + 1 for p in range(start, end))
+    return total
+
+
 def full_forward_tokens(renderer: Renderer, results) -> int:
     """No cache: each trajectory, then each candidate, fed whole up to its last action."""
     return sum(renderer.render(x).action_spans[-1][1]
