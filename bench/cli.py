@@ -6,6 +6,7 @@ performance table from records.
 `race bench rendering`: the tokenizer's own ids vs segment-wise ids on a real checkpoint.
 `race bench dtypes --checkpoint DIR`: the cover in float32 and bfloat16 (`bench.dtypes`).
 `race bench sampling --checkpoint DIR`: episodes played by transformers and by vLLM (`bench.sampling`).
+`race bench price`: this machine class's per-call price for the scorer's batch plans (`bench.price`).
 
 `add_bench_parser(subparsers)` adds it to the `race` command; `main` is `scripts/bench_scoring.py`.
 """
@@ -57,6 +58,13 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                              "start, play time and generated tokens per second")
     add_sampling_arguments(s)
     s.set_defaults(func=cmd_bench_sampling)
+    from bench.price import add_arguments as add_price_arguments
+    from bench.price import cmd_bench_price
+
+    pr = bench_sub.add_parser("price", help="this machine class's per-call price for the scorer's batch plans, "
+                              "for race_core/scoring/prices.json")
+    add_price_arguments(pr)
+    pr.set_defaults(func=cmd_bench_price)
     c = bench_sub.add_parser("compare", help="two benchmark records (bench/results/*.json) side by side")
     c.add_argument("a", metavar="A.json")
     c.add_argument("b", metavar="B.json")

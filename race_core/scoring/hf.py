@@ -53,8 +53,9 @@ one call without a padding mask (its padding is all on the right), which takes t
 A batch computes every row over its longest fed length and attends over its longest prefix, so the
 rows of a `score` call are cut into batches by what each forward costs on the device: padded
 positions, attention pairs and a fixed price per call of the model (`race_core.scoring.plan`; the
-price a fixed figure per device type, measured once per model with `forward_overhead="measure"`,
-or given). The scorer counts its
+price on a CPU is its machine class's, measured once there and then fixed, `race_core.scoring.prices`;
+an accelerator's is a figure per device type; `forward_overhead="measure"` measures it now, once per
+model, and a number gives it). The scorer counts its
 work (`ScorerStats`, a `WorkCounters`): forwards, rows, fed and padded positions, attention pairs,
 mask and KV bytes, evictions.
 """
@@ -76,12 +77,13 @@ from race_core.scoring import ScoreRequest, ScorerStats, batch_noise
 from race_core.scoring import attention as in_place
 from race_core.scoring.kv import BatchCache, KeptCopies, KVCopy, Packing, Segment, compacted
 from race_core.scoring.plan import (
+    ACCELERATOR_OVERHEAD,
     ForwardCost,
     attention_weight,
-    default_overhead,
     measure_overhead,
     plan_batches,
 )
+from race_core.scoring.prices import cpu_overhead
 
 MAX_SEQUENCES_PER_KEY = 3
 
@@ -211,11 +213,19 @@ class HFScorer:
         self._prefixes = KeptCopies(self.kv_budget)
         self._one_batch = False  # measure_noise: every row in one forward
         self._packing: Packing | None = None  # learnt from the first forward's cache (kv.Packing)
-        # What a forward costs (plan.py): the price of a call of the model, the device type's figure
-        # unless measured (once per model object) or given.
+        # What a forward costs (plan.py): the price of a call of the model: given, measured now (once
+        # per model object), or by default a CPU's price for its machine class (`prices`, fixed once
+        # measured there) and an accelerator's device-type figure.
         measured = forward_overhead == "measure"
-        overhead = (measure_overhead(model) if measured else default_overhead(self.device) if forward_overhead is None
-                    else float(forward_overhead))
+        if measured:
+            overhead, source = measure_overhead(model), "measured"
+        elif forward_overhead is not None:
+            overhead, source = float(forward_overhead), "given"
+        elif self.device.type == "cpu":
+            overhead, source = cpu_overhead(model)
+            source = f"machine class ({source})"
+        else:
+            overhead, source = ACCELERATOR_OVERHEAD, "device type"
         # Prefixes read where they are kept (`attention`), where the model's attention allows it and
         # its probe agrees; else copied into each batch's cache.
         self.in_place = bool(prefix_reuse and (in_place.supported(model) if prefix_in_place is None else prefix_in_place))
@@ -235,7 +245,7 @@ class HFScorer:
         self.stats.extra["prefix_in_place"] = self.in_place
         self.stats.extra.update(freed_memory_kept=freed_memory_kept,
                                 kv_budget=self.kv_budget, kv_bytes_per_token=self.kv_bytes_per_token,
-                                forward_overhead=overhead, overhead_measured=measured)
+                                forward_overhead=overhead, overhead_measured=measured, overhead_source=source)
 
     @classmethod
     def from_pretrained(cls, checkpoint: str, *, device: str = "cpu", dtype: str = "float32", **options) -> HFScorer:

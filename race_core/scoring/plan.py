@@ -13,13 +13,13 @@ call and each row's padded queries attend to its own prefix, not the batch's lon
 the causal triangle of every row plus each row's prefix x the batch's fed length.
 
 `attention` (one (query, key) pair of one layer against one position through one layer's weights)
-comes from the model's config. `overhead` is a fixed figure per device type by default
-(`default_overhead`: on a CPU the fixed part is a few dozen positions, so the planner avoids padding;
-on a GPU it is thousands, so the planner fills batches and padding is nearly free), or measured
-once per model object on its device (`measure_overhead`: a call on one token, all fixed cost,
-against one on many), as the benchmarks do. Not measured by default because the plan decides which
-rows share a forward, and so the last bits of the scores a cover stores: a plan that moved with the
-machine's load would make a resumed cover's decisions differ in bytes from a clean one's.
+comes from the model's config. `overhead` is measured (`measure_overhead`: a call on one token, all
+fixed cost, against one on many): on a CPU once per machine class and model shape, then fixed there
+(`race_core.scoring.prices`: a shipped table, else this machine's cache), because the plan decides
+which rows share a forward, and so the last bits of the scores a cover stores: a plan that moved with
+the machine's load would make a resumed cover's decisions differ in bytes from a clean one's. On an
+accelerator it is one figure (`ACCELERATOR_OVERHEAD`: a GPU call's fixed part is thousands of
+positions, so the planner fills batches and padding is nearly free).
 
 `plan_batches` orders the rows by fed length, then total length, and cuts that order into the
 batches of least total cost (dynamic programming over the cut points), each at most `batch_size`
@@ -40,7 +40,6 @@ import numpy as np
 import torch
 
 MAX_OVERHEAD = 2**16  # positions: a call costs about as much as a full batch (fill batches as allowed)
-CPU_OVERHEAD = 32.0  # positions: SmolLM2-135M and the tiny models on a 2-core CPU measure 32
 ACCELERATOR_OVERHEAD = 4096.0  # positions: a GPU call's fixed cost is thousands of positions
 _measured: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> overhead (token-equivalents)
 
@@ -100,11 +99,6 @@ def _layer_weights(config) -> int:
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     intermediate = getattr(config, "intermediate_size", None) or 4 * hidden
     return hidden * head_dim * (2 * heads + 2 * kv_heads) + 3 * hidden * intermediate
-
-
-def default_overhead(device: torch.device | str) -> float:
-    """The fixed cost of one model call, in positions, that plans take unless it is measured."""
-    return CPU_OVERHEAD if torch.device(device).type == "cpu" else ACCELERATOR_OVERHEAD
 
 
 @torch.inference_mode()
