@@ -30,6 +30,9 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 def pytest_configure(config):
     config._race_started = time.monotonic()
+    # Prefect sets up logging when first used, replacing the root logger's handlers: once here, so that no
+    # test's first use of Prefect takes away that test's log capture (caplog) mid-test
+    import prefect.main  # noqa: F401
     if "PYTEST_XDIST_WORKER" in os.environ:
         import torch
 
