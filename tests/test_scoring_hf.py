@@ -196,23 +196,19 @@ def test_a_negative_forward_overhead_is_refused(tiny_policy):
         HFScorer(model, tokenizer, forward_overhead=-1)
 
 
-def test_the_overhead_is_measured_once_per_model_as_a_power_of_two(tiny_policy, monkeypatch, tmp_path):
+def test_the_overhead_is_measured_once_per_model_as_a_power_of_two(tiny_policy, monkeypatch):
     from race_core.scoring.plan import measure_overhead
     from race_core.scoring.prices import cpu_overhead
 
-    monkeypatch.setenv("RACE_CACHE_DIR", str(tmp_path))
     model, tokenizer = tiny_policy
+    default = HFScorer(model, tokenizer)  # the pipeline's: the table's price for this CPU's class
+    assert (default.cost.overhead, default.stats.extra["overhead_source"]) == cpu_overhead(model)
+    assert default.stats.extra["overhead_measured"] is False
     scorer = HFScorer(model, tokenizer, forward_overhead="measure")
     overhead = scorer.stats.extra["forward_overhead"]
     assert scorer.stats.extra["overhead_measured"] is True and scorer.cost.overhead == overhead
     assert overhead >= 1 and float(overhead).is_integer() and int(overhead) & (int(overhead) - 1) == 0
     monkeypatch.setattr(model, "get_decoder", lambda: pytest.fail("the overhead was measured again"))
     assert measure_overhead(model) == overhead
-    # the pipeline's default on a CPU: this machine class's price, here measured (the model object's
-    # figure) and then read from the cache, whichever model object asks
-    default = HFScorer(model, tokenizer)
-    assert default.cost.overhead == overhead and default.stats.extra["overhead_measured"] is False
-    assert default.stats.extra["overhead_source"] in ("machine class (measured)", "machine class (table)")
-    assert cpu_overhead(model)[0] == overhead
     pinned = HFScorer(model, tokenizer, forward_overhead=3)
     assert pinned.cost.overhead == 3 and pinned.stats.extra["overhead_measured"] is False

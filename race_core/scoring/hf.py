@@ -53,9 +53,9 @@ one call without a padding mask (its padding is all on the right), which takes t
 A batch computes every row over its longest fed length and attends over its longest prefix, so the
 rows of a `score` call are cut into batches by what each forward costs on the device: padded
 positions, attention pairs and a fixed price per call of the model (`race_core.scoring.plan`; the
-price on a CPU is its machine class's, measured once there and then fixed, `race_core.scoring.prices`;
-an accelerator's is a figure per device type; `forward_overhead="measure"` measures it now, once per
-model, and a number gives it). The scorer counts its
+price on a CPU is its class's from a table of measured prices, `race_core.scoring.prices`; an
+accelerator's is one figure; `forward_overhead="measure"` measures it now, once per model, and a
+number gives it). The scorer counts its
 work (`ScorerStats`, a `WorkCounters`): forwards, rows, fed and padded positions, attention pairs,
 mask and KV bytes, evictions.
 """
@@ -214,8 +214,8 @@ class HFScorer:
         self._one_batch = False  # measure_noise: every row in one forward
         self._packing: Packing | None = None  # learnt from the first forward's cache (kv.Packing)
         # What a forward costs (plan.py): the price of a call of the model: given, measured now (once
-        # per model object), or by default a CPU's price for its machine class (`prices`, fixed once
-        # measured there) and an accelerator's device-type figure.
+        # per model object), or by default the table's price for this CPU's class (`prices`) and an
+        # accelerator's one figure.
         measured = forward_overhead == "measure"
         if measured:
             overhead, source = measure_overhead(model), "measured"
@@ -223,7 +223,6 @@ class HFScorer:
             overhead, source = float(forward_overhead), "given"
         elif self.device.type == "cpu":
             overhead, source = cpu_overhead(model)
-            source = f"machine class ({source})"
         else:
             overhead, source = ACCELERATOR_OVERHEAD, "device type"
         # Prefixes read where they are kept (`attention`), where the model's attention allows it and

@@ -14,10 +14,11 @@ the causal triangle of every row plus each row's prefix x the batch's fed length
 
 `attention` (one (query, key) pair of one layer against one position through one layer's weights)
 comes from the model's config. `overhead` is measured (`measure_overhead`: a call on one token, all
-fixed cost, against one on many): on a CPU once per machine class and model shape, then fixed there
-(`race_core.scoring.prices`: a shipped table, else this machine's cache), because the plan decides
-which rows share a forward, and so the last bits of the scores a cover stores: a plan that moved with
-the machine's load would make a resumed cover's decisions differ in bytes from a clean one's. On an
+fixed cost, against one on many) per CPU class and model shape by `race bench price`, and the
+pipeline reads it from a table (`race_core.scoring.prices`; `CPU_OVERHEAD` for a class nobody
+measured), never measuring on its own: the plan decides which rows share a forward, and so the last
+bits of the scores a cover stores, and a price that moved with the machine's load or a worker's
+threads would make a resumed or spread-out cover store other bytes than one clean process. On an
 accelerator it is one figure (`ACCELERATOR_OVERHEAD`: a GPU call's fixed part is thousands of
 positions, so the planner fills batches and padding is nearly free).
 
@@ -41,6 +42,7 @@ import torch
 
 MAX_OVERHEAD = 2**16  # positions: a call costs about as much as a full batch (fill batches as allowed)
 ACCELERATOR_OVERHEAD = 4096.0  # positions: a GPU call's fixed cost is thousands of positions
+CPU_OVERHEAD = 32.0  # positions: a CPU class nobody measured (SmolLM2-135M and the tiny models measured 32 on one)
 _measured: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> overhead (token-equivalents)
 
 

@@ -1,26 +1,27 @@
-"""The per-call price a CPU's batch plans take: measured per machine class, then fixed there.
+"""The per-call price a CPU's batch plans take: measured per machine class, fixed in a table.
 
 The hf scorer's planner (`plan.py`) prices a forward as positions + attention pairs + a fixed price
 per model call, in positions. That price is the machine's: a CPU with matrix extensions runs the
-layers' products faster, so the same call's fixed part is worth more positions, and thread counts
-change it too. It is measured (`plan.measure_overhead`: a call on one token against one on 4 x 64)
-once per *machine class* and model shape, then fixed, because the plan decides which rows share a
-forward and so the last bits of the scores a cover stores: a price that moved with the machine's
-load would make a resumed cover's bytes differ from a clean one's on the same machine.
+layers' products faster, so the same call's fixed part is worth more positions. It is measured
+(`race bench price`: `plan.measure_overhead`, a call on one token against one on 4 x 64, several
+times) per *machine class* and model shape and written to a table; the pipeline only reads the table.
+It never measures on its own, because the plan decides which rows share a forward and so the last
+bits of the scores a cover stores: a price measured by each process would move with the machine's
+load and with each worker's thread count, and a resumed cover, or one spread over a Prefect pool or
+Ray actors, would store other bytes than one process's clean run.
 
 Where a price comes from, first match:
 
-1. `prices.json` beside this module: prices measured on the machine classes the project ran on
-   (`race bench price` prints the entry of this machine; the same entry on every machine of that
-   class, so two hosts of one class plan alike);
-2. this machine's own cache (`$RACE_CACHE_DIR/forward-prices/`, default `~/.cache/race`): one file
-   per (class, shape), written once, create-if-absent, the first writer's figure kept;
-3. measured now, and written to that cache.
+1. the table in `$RACE_FORWARD_PRICES` (a JSON file of `race bench price` entries: a user's own
+   classes; give every host of a pool the same file);
+2. `prices.json` beside this module: the classes the project measured;
+3. `plan.CPU_OVERHEAD`, for a class nobody measured.
 
-A machine class is the CPU model, vendor and matrix extensions (`race_core.cpu.cpu_facts`) and the
-torch thread count; a model shape is what sets a forward's cost (type, widths, layers, heads,
-vocabulary, dtype), not the weights. Accelerators keep one figure (`plan.ACCELERATOR_OVERHEAD`): a
-GPU call's fixed part is thousands of positions on any of them.
+A machine class is the CPU model, vendor and matrix extensions (`race_core.cpu.cpu_facts`); a model
+shape is what sets a forward's cost (type, widths, depth, heads, vocabulary, dtype), not the weights.
+The thread count an entry was measured at is recorded beside it, not in its key, so that processes
+of one host with different thread counts (a pool's or Ray's workers) plan alike. Accelerators keep
+one figure (`plan.ACCELERATOR_OVERHEAD`): a GPU call's fixed part is thousands of positions on any.
 """
 
 from __future__ import annotations
@@ -28,21 +29,20 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from functools import cache
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from race_core.cpu import cpu_facts
 
 TABLE = Path(__file__).with_name("prices.json")
+USER_TABLE = "RACE_FORWARD_PRICES"  # environment variable: a user's table, read before the shipped one
 
 
 def machine_class() -> dict[str, Any]:
-    """This CPU's class: model, vendor, matrix extensions and torch threads."""
+    """This CPU's class: model, vendor and matrix extensions."""
     facts = cpu_facts()
-    return {"cpu": facts["model"], "vendor": facts["vendor"], "matrix_extensions": list(facts["matrix_extensions"]),
-            "torch_threads": torch.get_num_threads()}
+    return {"cpu": facts["model"], "vendor": facts["vendor"], "matrix_extensions": list(facts["matrix_extensions"])}
 
 
 def model_shape(model) -> dict[str, Any]:
@@ -61,36 +61,28 @@ def entry_key(machine: dict[str, Any], shape: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("RACE_CACHE_DIR") or Path.home() / ".cache" / "race") / "forward-prices"
+@cache
+def _read(path: str) -> dict[str, dict[str, Any]]:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return {}
+    except ValueError as exc:
+        raise ValueError(f"{path}: not a table of forward prices ({exc})") from None
 
 
-def table() -> dict[str, dict[str, Any]]:
-    """The measured entries the project ships: entry key -> {machine, shape, forward_overhead}."""
-    return json.loads(TABLE.read_text()) if TABLE.exists() else {}
+def tables() -> list[tuple[str, dict[str, dict[str, Any]]]]:
+    """(source, entries) in the order they are read: the user's table, then the shipped one."""
+    user = os.environ.get(USER_TABLE)
+    return ([(f"${USER_TABLE}", _read(user))] if user else []) + [("prices.json", _read(str(TABLE)))]
 
 
 def cpu_overhead(model) -> tuple[float, str]:
-    """The per-call price (positions) of `model` on this CPU, and where it came from: "table",
-    "cache" or "measured" (then written to the cache)."""
-    from race_core.scoring.plan import measure_overhead
+    """The per-call price (positions) of `model` on this CPU's class, and where it came from."""
+    from race_core.scoring.plan import CPU_OVERHEAD
 
-    machine, shape = machine_class(), model_shape(model)
-    key = entry_key(machine, shape)
-    shipped = table().get(key)
-    if shipped is not None:
-        return float(shipped["forward_overhead"]), "table"
-    path = cache_dir() / f"{key}.json"
-    if path.exists():
-        return float(json.loads(path.read_text())["forward_overhead"]), "cache"
-    entry = {"machine": machine, "shape": shape, "forward_overhead": measure_overhead(model)}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    written = path.with_name(f".{path.name}.{os.getpid()}")
-    written.write_text(json.dumps(entry, indent=1, sort_keys=True) + "\n")
-    try:
-        os.link(written, path)  # create-if-absent, whole: a concurrent first writer's figure wins
-    except FileExistsError:
-        return float(json.loads(path.read_text())["forward_overhead"]), "cache"
-    finally:
-        written.unlink()
-    return float(entry["forward_overhead"]), "measured"
+    key = entry_key(machine_class(), model_shape(model))
+    for source, entries in tables():
+        if key in entries:
+            return float(entries[key]["forward_overhead"]), f"{source} {key}"
+    return CPU_OVERHEAD, f"default (class not measured: race bench price; entry {key})"
