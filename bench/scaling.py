@@ -186,7 +186,7 @@ def _run(executor: str, n: int, out: Path, checkpoint: Path, inputs: list[str], 
             torch.set_num_threads(1)
         began = time.perf_counter()
         manifest = stages.cover(store, trajectories, str(checkpoint), checkpoint_digest(checkpoint),
-                                resources=resources, log=lambda line: print(line, file=sys.stderr))
+                                resources=resources)
         wall = time.perf_counter() - began
     finally:
         torch.set_num_threads(threads)

@@ -149,7 +149,7 @@ def sweep_task(config: PipelineConfig, epsilons: tuple[float, ...], out: str, ho
     from flows.sweep import choose_epsilon, run_sweep
 
     logger = get_run_logger()
-    sweep = run_sweep(config, epsilons, out_dir=Path(out), home=Path(home), log=logger.info)
+    sweep = run_sweep(config, epsilons, out_dir=Path(out), home=Path(home))
     epsilon, why = choose_epsilon(sweep["rows"])
     logger.info("epsilon %g: %s", epsilon, why)
     rows = [{k: v for k, v in row.items() if k != "max_drops"} for row in sweep["rows"]]

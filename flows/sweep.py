@@ -79,11 +79,9 @@ class SharedScorer:
             self.inner.close()
 
 
-def run_sweep(config: PipelineConfig, epsilons: Sequence[float], out_dir: Path, home: Path,
-              log: Any = None) -> dict[str, Any]:
+def run_sweep(config: PipelineConfig, epsilons: Sequence[float], out_dir: Path, home: Path) -> dict[str, Any]:
     """The cover stages of `config` for every ε in `epsilons`, sharing scores; writes the per-ε
-    Parquet files and the sweep's table, JSON and plot into `out_dir`; returns the sweep's summary.
-    Its lines go to the modules' loggers; `log` is ignored (flows/ablate.py still passes one)."""
+    Parquet files and the sweep's table, JSON and plot into `out_dir`; returns the sweep's summary."""
     values = check_epsilons(epsilons)
     config = with_defaults(config, home)
     shared = SharedScorer(lambda: cover_scorer(config.cover, config.checkpoint, config.resources))
