@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from race_core.config import Resources
 from race_core.cover import DEFAULT_EPSILON
 
 SWEEP_TURNS = (2, 4, 8, 16)
+logger = logging.getLogger(__name__)
 
 
 def add_bench_parser(subparsers) -> argparse.ArgumentParser:
@@ -142,9 +144,6 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
 
 
 def cmd_bench_scoring(args: argparse.Namespace) -> int:
-    def log(message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
-
     if args.batch_size is None:  # a real checkpoint is scored as the pipeline scores it
         args.batch_size = Resources.batch_size if args.checkpoint else BenchOptions.batch_size
     if args.memory:
@@ -154,7 +153,7 @@ def cmd_bench_scoring(args: argparse.Namespace) -> int:
         report: dict[str, Any] = {"memory": rows}
     else:
         before, code = load(), commit()  # the code that runs: taken before, edits during the run do not count
-        report = run_bench(options_from_args(args), log)
+        report = run_bench(options_from_args(args))
         report.update(code)
         report["load"] = {"before": before, "after": load()}
         for run in report["runs"]:
@@ -168,7 +167,7 @@ def cmd_bench_scoring(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
     if args.record and not args.memory:  # the memory bench's rows are not a scoring report
         report["arguments"] = {k: v for k, v in vars(args).items() if k not in ("func", "command", "bench")}
-        log(f"recorded: {record(report, args.record, args.label)}")
+        logger.info(f"recorded: {record(report, args.record, args.label)}")
     return 0
 
 
@@ -190,4 +189,5 @@ def cmd_bench_table(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench_scoring", description=__doc__.splitlines()[0])
     add_bench_arguments(parser)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)  # outside `race`: lines on stderr
     return cmd_bench_scoring(parser.parse_args(argv))

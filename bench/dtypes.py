@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -33,6 +34,8 @@ from race_core.cpu import cpu_facts, fast_bf16
 from race_core.render import Renderer
 from race_core.schema import Trajectory
 from race_core.scoring import ScoreRequest
+
+logger = logging.getLogger(__name__)
 
 DTYPES = ("float32", "bfloat16")
 EPSILONS = (0.3, 1e-3)
@@ -68,8 +71,7 @@ def drift(reference: Sequence[CoverResult], other: Sequence[CoverResult]) -> tup
 
 
 def run_dtypes(checkpoint: str, trajectories: Sequence[Trajectory], dtypes: Sequence[str] = DTYPES,
-               epsilons: Sequence[float] = EPSILONS, batch_size: int = 16, device: str = "cpu",
-               log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+               epsilons: Sequence[float] = EPSILONS, batch_size: int = 16, device: str = "cpu") -> dict[str, Any]:
     """Each dtype's raw forward, noise and covers on `trajectories`, compared with the first dtype's."""
     import torch
 
@@ -95,7 +97,7 @@ def run_dtypes(checkpoint: str, trajectories: Sequence[Trajectory], dtypes: Sequ
             entry["covers"].append({"epsilon": epsilon, "wall_s": wall, "cpu_s": cpu, "accepted": accepted,
                                     "candidates": sum(len(r.audit) for r in results),
                                     "tokens_processed": scorer.stats.tokens_processed})
-            log(f"{dtype} ε {epsilon:g}: cover {wall:.1f} s, {accepted} accepted; raw forward "
+            logger.info(f"{dtype} ε {epsilon:g}: cover {wall:.1f} s, {accepted} accepted; raw forward "
                 f"{throughput[0]:,.0f} tokens/s; noise {noise:.2e}")
         runs.append(entry)
         del model
@@ -149,7 +151,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_bench_dtypes(args: argparse.Namespace) -> int:
-    import sys
 
     from transformers import AutoConfig
 
@@ -164,8 +165,7 @@ def cmd_bench_dtypes(args: argparse.Namespace) -> int:
         trajectories, _ = read_input(args.input, renderer, context, args.limit)
     else:
         trajectories = long_trajectories(renderer, LongWorkload(n=args.n, seed=args.seed), context)
-    report = run_dtypes(str(checkpoint), trajectories, args.dtypes, args.epsilons, args.batch_size, args.device,
-                        log=lambda m: print(m, file=sys.stderr, flush=True))
+    report = run_dtypes(str(checkpoint), trajectories, args.dtypes, args.epsilons, args.batch_size, args.device)
     print(format_dtypes(report))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import logging
 import platform
 import sys
 import time
@@ -39,6 +40,8 @@ from typing import Any
 
 from bench.baselines import bound_work, forward_throughput
 from bench.workload import Workload, synthetic_trajectories
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -233,7 +236,7 @@ def check_rl(model, tokenizer, rollouts: int, max_new_tokens: int) -> dict[str, 
             "loss": report.loss}
 
 
-def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
+def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     import transformers
 
@@ -245,7 +248,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     facts = {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
              "device": torch.cuda.get_device_name(0) if device.startswith("cuda") else "cpu",
              "cpu": cpu_facts(), "bf16_matmul_tflops": peak / 1e12, "vocab": len(tokenizer)}
-    log(f"{facts['device']}: bf16 matmul {peak / 1e12:,.1f} TFLOP/s at {args.matmul_size}^3")
+    logger.info(f"{facts['device']}: bf16 matmul {peak / 1e12:,.1f} TFLOP/s at {args.matmul_size}^3")
     workload = Workload(n=args.n, turns=args.turns)
     rows = []
     for name in args.shapes:
@@ -259,7 +262,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
             if not args.no_train:
                 row["sft"] = _guarded(device, check_sft, model, tokenizer, args.train_tokens)
                 row["rl"] = _guarded(device, check_rl, model, tokenizer, args.rl_rollouts, args.rl_new_tokens)
-            log(_line(row))
+            logger.info(_line(row))
             rows.append(row)
             del model
             _reset_peak(device)
@@ -318,7 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-train", action="store_true", help="the cover only")
     parser.add_argument("--json", default=None, help="write the report here")
     args = parser.parse_args(argv)
-    report = run(args, log=lambda line: print(line, flush=True))
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)  # its lines, as they come
+    report = run(args)
     print(format_table(report))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))

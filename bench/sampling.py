@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,8 @@ from race_core.envs import ENVIRONMENTS, get_environment
 from race_core.envs.agent import AgentPrompt
 from race_core.rollout import Rollout, run_rollouts
 from race_core.sampling import SamplingParams, make_sampler
+
+logger = logging.getLogger(__name__)
 
 BACKENDS = ("hf", "vllm")
 
@@ -59,7 +61,7 @@ def _prompt_tokens(rollouts: Sequence[Rollout]) -> int:
 def run_sampling(checkpoint: str, env: str = "lookup", tasks: int = 16, samples: int = 1, temperature: float = 0.0,
                  max_new_tokens: int = 96, max_turns: int = 8, backends: Sequence[str] = BACKENDS,
                  device: str = "cpu", dtype: str = "float32", batch_size: int = 32, seed: int = 0,
-                 vllm_eager: bool = True, log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+                 vllm_eager: bool = True) -> dict[str, Any]:
     """Every backend plays `samples` episodes of each of `tasks` held-out tasks of `env`."""
     import torch
 
@@ -91,7 +93,7 @@ def run_sampling(checkpoint: str, env: str = "lookup", tasks: int = 16, samples:
                  "prompt_tokens": _prompt_tokens(rollouts)}
         entry["generated_per_s"] = entry["generated_tokens"] / play_s
         runs.append(entry)
-        log(f"{backend}: started in {start_s:.1f} s, played {entry['episodes']} episodes in {play_s:.1f} s "
+        logger.info(f"{backend}: started in {start_s:.1f} s, played {entry['episodes']} episodes in {play_s:.1f} s "
             f"({entry['generated_tokens']} tokens generated, {entry['generated_per_s']:.1f}/s, "
             f"{entry['succeeded']} won)")
     reference = runs[0]
@@ -155,7 +157,7 @@ def cmd_bench_sampling(args: argparse.Namespace) -> int:
     checkpoint = check_checkpoint_dir(args.checkpoint)
     report = run_sampling(str(checkpoint), args.env, args.tasks, args.samples, args.temperature, args.max_new_tokens,
                           args.max_turns, args.backends, args.device, args.dtype, args.batch_size, args.seed,
-                          args.vllm_eager, log=lambda m: print(m, file=sys.stderr, flush=True))
+                          args.vllm_eager)
     print(format_sampling(report))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

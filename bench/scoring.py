@@ -42,6 +42,7 @@ scored), the forward throughput measured at the hf batch size, and each method's
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -70,6 +71,8 @@ from race_core.cover import DEFAULT_EPSILON, CoverResult, check_noise, logic_cov
 from race_core.render import Renderer
 from race_core.schema import Trajectory
 from race_core.scoring import Scorer, ScoreRequest
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -185,24 +188,24 @@ def vllm_available() -> bool:
     return True
 
 
-def bench_one(model_name: str, checkpoint: Path, model, tokenizer, workload: Workload, options: BenchOptions,
-              log: Callable[[str], None]) -> dict[str, Any]:
+def bench_one(model_name: str, checkpoint: Path, model, tokenizer, workload: Workload, options: BenchOptions
+              ) -> dict[str, Any]:
     """All methods on one (model, synthetic workload); returns the run's JSON record."""
     renderer = Renderer(tokenizer)
     trajectories = synthetic_trajectories(renderer, workload)
     run = bench_methods(f"{model_name} T={workload.turns}", checkpoint, model, tokenizer, renderer, trajectories,
-                        options, log, throughput_rows=min(options.batch_size, 16))
+                        options, throughput_rows=min(options.batch_size, 16))
     return {"model": model_name, "N": run.pop("N"), "T": workload.turns, "workload": asdict(workload), **run}
 
 
-def bench_long(model_name: str, checkpoint: Path, model, tokenizer, workload: LongWorkload, options: BenchOptions,
-               log: Callable[[str], None]) -> dict[str, Any]:
+def bench_long(model_name: str, checkpoint: Path, model, tokenizer, workload: LongWorkload, options: BenchOptions
+               ) -> dict[str, Any]:
     """All methods on one (model, long workload); returns the run's JSON record."""
     renderer = Renderer(tokenizer)
     trajectories = long_trajectories(renderer, workload, model_context(model))
     turns = [len(t.turns) for t in trajectories]
     tag = f"{model_name} long T={min(turns)}-{max(turns)}"
-    run = bench_methods(tag, checkpoint, model, tokenizer, renderer, trajectories, options, log,
+    run = bench_methods(tag, checkpoint, model, tokenizer, renderer, trajectories, options,
                         throughput_rows=min(options.batch_size, 16))
     return {"model": model_name, "N": run.pop("N"), "T": f"{min(turns)}-{max(turns)}", "workload": "long",
             "long": asdict(workload), "tokens": sum(len(renderer.render(t)) for t in trajectories), **run}
@@ -214,8 +217,7 @@ def model_context(model) -> int:
 
 
 def bench_methods(tag: str, checkpoint: Path, model, tokenizer, renderer: Renderer,
-                  trajectories: Sequence[Trajectory], options: BenchOptions, log: Callable[[str], None],
-                  throughput_rows: int, vllm_device: str | None = None) -> dict[str, Any]:
+                  trajectories: Sequence[Trajectory], options: BenchOptions, throughput_rows: int, vllm_device: str | None = None) -> dict[str, Any]:
     """Every method's cover of `trajectories`, decisions compared, next to the work bound."""
     n = len(trajectories)
 
@@ -224,7 +226,7 @@ def bench_methods(tag: str, checkpoint: Path, model, tokenizer, renderer: Render
         throughput = forward_throughput(model, renderer, trajectories, throughput_rows)
         method = run()
         method.throughput = throughput
-        log(f"[{tag}] {method.name} {method.wall_s:.2f}s; raw forward just before: {throughput[0]:,.0f} "
+        logger.info(f"[{tag}] {method.name} {method.wall_s:.2f}s; raw forward just before: {throughput[0]:,.0f} "
             f"tokens/s ({throughput[1]:,.0f} per CPU s)")
         return method
 
@@ -375,7 +377,7 @@ def demo_early_reject(checkpoint: Path, model, tokenizer, options: BenchOptions,
             "decisions_compared": comparison, "decisions_identical": identical}
 
 
-def run_bench(options: BenchOptions, log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+def run_bench(options: BenchOptions) -> dict[str, Any]:
     """Every (model, T) of the options (or, with `options.checkpoint`, the real-model run); the
     JSON-ready report."""
     import torch
@@ -383,20 +385,20 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = lambda m: None
     from race_core.policy import load_policy
 
     if options.checkpoint or options.input:
-        return run_real_bench(options, log)
+        return run_real_bench(options)
     report: dict[str, Any] = {"runs": [], "torch_threads": torch.get_num_threads()}
     for model_name in options.models:
         checkpoint = checkpoint_for(model_name, options.cache_dir)
         model, tokenizer = load_policy(checkpoint)
         params = sum(p.numel() for p in model.parameters())
-        log(f"model {model_name}: {params / 1e6:.1f}M parameters ({checkpoint})")
+        logger.info(f"model {model_name}: {params / 1e6:.1f}M parameters ({checkpoint})")
         if options.long is not None:
-            run = bench_long(model_name, checkpoint, model, tokenizer, options.long, options, log)
+            run = bench_long(model_name, checkpoint, model, tokenizer, options.long, options)
             run["parameters"] = params
             report["runs"].append(run)
         for turns in () if options.long is not None else options.turns:
             run = bench_one(model_name, checkpoint, model, tokenizer, replace(options.workload, turns=turns),
-                            options, log)
+                            options)
             run["parameters"] = params
             report["runs"].append(run)
         if model_name == "tiny" and options.demo_data and options.early_reject:
@@ -443,7 +445,7 @@ def decision_mix_note(accepted: int, candidates: int, epsilon: float) -> str | N
     return None
 
 
-def run_real_bench(options: BenchOptions, log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+def run_real_bench(options: BenchOptions) -> dict[str, Any]:
     """Every method on `options.checkpoint` over the trajectories of `options.input`."""
     import torch
     from transformers import AutoConfig
@@ -460,22 +462,22 @@ def run_real_bench(options: BenchOptions, log: Callable[[str], None] = lambda m:
     max_length = getattr(config, "max_position_embeddings", None)
     if options.input:
         trajectories, rejects = read_input(options.input, renderer, max_length, options.limit)
-        log(f"input {options.input}: {len(trajectories)} trajectories to score, {len(rejects)} rejected")
+        logger.info(f"input {options.input}: {len(trajectories)} trajectories to score, {len(rejects)} rejected")
     else:  # the long workload, rendered with the checkpoint's own chat template
         trajectories, rejects = long_trajectories(renderer, options.long, max_length), []
-        log(f"long workload: {len(trajectories)} episodes of {min(len(t.turns) for t in trajectories)}-"
+        logger.info(f"long workload: {len(trajectories)} episodes of {min(len(t.turns) for t in trajectories)}-"
             f"{max(len(t.turns) for t in trajectories)} turns")
     model, tokenizer = load_policy(checkpoint, device=options.device, dtype=options.dtype)
     params = sum(p.numel() for p in model.parameters())
-    log(f"model {checkpoint.name}: {params / 1e6:.1f}M parameters on {options.device} ({options.dtype})")
+    logger.info(f"model {checkpoint.name}: {params / 1e6:.1f}M parameters on {options.device} ({options.dtype})")
 
     from race_core.scoring.hf import HFScorer
 
     noise_scorer = HFScorer(model, tokenizer, renderer=renderer, batch_size=options.batch_size)
     noise = noise_scorer.measure_noise([ScoreRequest(("noise", i), t) for i, t in enumerate(trajectories[:4])])
     check_noise(noise, options.epsilon)  # as the cover stage does: decisions must not depend on batching
-    log(f"scorer noise {noise:.2e} (epsilon {options.epsilon:g})")
-    run = bench_methods(checkpoint.name, checkpoint, model, tokenizer, renderer, trajectories, options, log,
+    logger.info(f"scorer noise {noise:.2e} (epsilon {options.epsilon:g})")
+    run = bench_methods(checkpoint.name, checkpoint, model, tokenizer, renderer, trajectories, options,
                         throughput_rows=options.batch_size, vllm_device=options.device)
     note = decision_mix_note(run["accepted_removals"], run["candidates"], options.epsilon)
     if note:
