@@ -113,3 +113,19 @@ def test_saved_training_states_of_a_tied_model_drop_the_alias_quietly_and_resume
     assert torch.equal(again.lm_head.weight, model.lm_head.weight)  # the same run as the one that did not stop
     reloaded, _ = load_policy(save_policy(again, tokenizer, tmp_path / "out"))
     assert tied(reloaded) and torch.equal(reloaded.lm_head.weight, again.lm_head.weight)
+
+
+@pytest.mark.parametrize(("total", "warmup", "min_ratio"), [(16, 0, 0.1), (64, 10, 0.1), (1800, 100, 0.0), (7, 3, 0.5)])
+def test_the_lr_schedule_is_transformers_cosine_with_a_floor_but_for_a_warmup_that_starts_above_zero(
+        total, warmup, min_ratio):
+    """After the warmup the factor is transformers' cosine-with-min-lr schedule to the last bit; its
+    warmup starts at 1/warmup where transformers' starts at 0 (a first step that would not move)."""
+    from transformers.optimization import _get_cosine_schedule_with_warmup_lr_lambda as transformers_factor
+
+    from race_core.train.sft import lr_factor
+
+    for step in range(total):
+        ours = lr_factor(step, total, warmup, min_ratio)
+        theirs = transformers_factor(step, num_warmup_steps=warmup, num_training_steps=total, num_cycles=0.5,
+                                     min_lr_rate=min_ratio)
+        assert ours == (theirs if step >= warmup else (step + 1) / warmup)

@@ -85,7 +85,10 @@ def collate(examples: Sequence[_Example], pad_id: int) -> tuple[torch.Tensor, to
 
 
 def lr_factor(step: int, total: int, warmup: int, min_ratio: float) -> float:
-    """Linear warmup, then cosine decay from 1 to `min_ratio` at the last step."""
+    """Linear warmup, then cosine decay from 1 to `min_ratio` at the last step: after the warmup,
+    transformers' `get_cosine_with_min_lr_schedule_with_warmup` to the last bit (tests/test_sft.py);
+    its warmup starts at 1/warmup where transformers' starts at 0, a first step that would not move
+    the weights. Kept rather than that scheduler: the trained policies' bytes depend on it."""
     if warmup and step < warmup:
         return (step + 1) / warmup
     span = max(total - warmup, 1)
