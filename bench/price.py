@@ -63,7 +63,7 @@ def cmd_bench_price(args: argparse.Namespace) -> int:
               f"{entry['machine']['cpu']} ({', '.join(entry['machine']['matrix_extensions']) or 'no matrix extensions'}"
               f", {entry['torch_threads']} torch threads): entry {key}")
     print(json.dumps(entries, indent=1, sort_keys=True))
-    for path in [Path(args.out)] * bool(args.out) + [TABLE] * args.write:
+    for path in ([Path(args.out)] if args.out else []) + ([TABLE] if args.write else []):
         old = json.loads(path.read_text()) if path.exists() else {}
         path.write_text(json.dumps({**old, **entries}, indent=1, sort_keys=True) + "\n")
         print(f"written to {path}")
