@@ -1,7 +1,10 @@
 """One config per stage: every field documented, reachable from the CLI, and the same object after
-the trip through Prefect's parameter validation (what a UI or API run sends)."""
+the trip through Prefect's parameter validation (what a UI or API run sends); and the dicts the
+stage keys hash stay what they were."""
 
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
 
@@ -10,13 +13,22 @@ from flows.options import config_from_args
 from race_core.config import (
     DEMO_CONFIG,
     SECTIONS,
+    CoverConfig,
+    EvalConfig,
+    IngestConfig,
     NightlyConfig,
     PipelineConfig,
+    Resources,
+    RLConfig,
+    SFTConfig,
     canonical_dtype,
     field_help,
     from_dict,
+    key_fields,
     replace,
 )
+
+PINNED = Path(__file__).parent / "fixtures" / "config_asdict.json"
 
 
 def all_config_classes():
@@ -66,6 +78,31 @@ def test_dict_form_round_trips_and_names_unknown_fields():
     assert from_dict(PipelineConfig, dataclasses.asdict(config)) == config
     with pytest.raises(ValueError, match="epsilonn"):
         from_dict(PipelineConfig, {"cover": {"epsilonn": 1}})
+
+
+def test_the_dicts_the_stage_keys_hash_are_pinned():
+    """`asdict` and `key_fields` of the shipped configs as the stored stage keys hashed them: the same
+    names, order, defaults and value types (bytes, the canonical dtype, tuples)."""
+    from deployments import SERVE_DEFAULTS
+    from flows.ablate import PRESETS
+
+    configs = {"PipelineConfig()": PipelineConfig(), "DEMO_CONFIG": DEMO_CONFIG, "NightlyConfig()": NightlyConfig(),
+               "SERVE_DEFAULTS": SERVE_DEFAULTS,
+               "Resources(kv_budget='2GiB', dtype='bf16')": Resources(kv_budget="2GiB", dtype="bf16"),
+               **{f"PRESETS[{k!r}].config": PRESETS[k].config for k in ("tiny", "gpu", "cpu", "gpu-lookup")}}
+    seen = {name: repr(dataclasses.asdict(config)) for name, config in configs.items()}
+    for cls in (IngestConfig, CoverConfig, Resources, SFTConfig, RLConfig, EvalConfig):
+        seen[f"key_fields({cls.__name__}())"] = repr(key_fields(cls()))
+    for section in ("sft", "rl", "evaluate"):
+        seen[f"key_fields(DEMO_CONFIG.{section})"] = repr(key_fields(getattr(DEMO_CONFIG, section)))
+    assert seen == json.loads(PINNED.read_text())
+
+
+def test_from_dict_keeps_the_values_as_given():
+    """An int given for a float field stays an int (pydantic would make it 0.0: another stage key)."""
+    for config in (CoverConfig(epsilon=0), RLConfig(temperature=1, difficulty=2), Resources(kv_budget="1KiB")):
+        again = from_dict(type(config), json.loads(json.dumps(dataclasses.asdict(config))))
+        assert repr(dataclasses.asdict(again)) == repr(dataclasses.asdict(config))
 
 
 def test_dtype_names_are_canonical():
