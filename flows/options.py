@@ -2,8 +2,9 @@
 is declared once (name, type, default, help) and reaches the CLI, the flow and the UI alike.
 
 A section's fields get its prefix (`sft.lr` -> `--sft-lr`, `rl.iterations` -> `--rl-iterations`;
-ingest, cover and resources have none: `--epsilon`, `--device`). Options default to "not given",
-so a command's base config (the library defaults, or the demo's) keeps every value not named.
+ingest, cover and resources have none: `--epsilon`, `--device`). A field typed `Literal[...]` takes
+those choices. Options default to "not given", so a command's base config (the library defaults, or
+the demo's) keeps every value not named.
 """
 
 from __future__ import annotations
@@ -12,18 +13,12 @@ import argparse
 import dataclasses
 import types
 import typing
-from typing import Any
+from typing import Any, Literal
 
-from race_core.config import BACKENDS, EXECUTORS, MIXED_PRECISIONS, STAGES, field_help, field_types, replace
-from race_core.envs import ENV_NAMES
-from race_core.envs.calculator import SHAPES
-from race_core.importers import INPUT_FORMATS
+from race_core.config import field_help, field_types, replace
 
 PREFIXES = {"ingest": "", "cover": "", "resources": "", "sft": "sft-", "rl": "rl-", "evaluate": "eval-"}
 FLAGS = {"inputs": "--input"}  # top-level fields whose flag is not their name
-CHOICES = {"backend": BACKENDS, "stages": STAGES, "force": STAGES, "format": INPUT_FORMATS, "shape": SHAPES,
-           "env": ENV_NAMES,
-           "executor": EXECUTORS, "mixed_precision": MIXED_PRECISIONS, "sampler": BACKENDS}
 DEST = "config:"  # argparse dest prefix of generated options
 
 
@@ -53,17 +48,16 @@ def _add(parser, flag: str, dotted: str, kind: Any, default: Any, help_text: str
     options: dict[str, Any] = {"dest": DEST + dotted, "help": f"{help_text} (default: {default!r})",
                                "default": argparse.SUPPRESS, "required": required}
     kind = _unwrap_optional(kind)
-    name = dotted.rsplit(".", 1)[-1]
     if kind is bool:
         options["action"] = "store_true" if not default else argparse.BooleanOptionalAction
     elif typing.get_origin(kind) is tuple:
         options.update(nargs="+", type=typing.get_args(kind)[0])
     else:
         options["type"] = kind
-    if name in CHOICES:
-        options["choices"] = CHOICES[name]
+    if typing.get_origin(options.get("type")) is Literal:  # "" is a field's automatic value: the option not given
+        options.update(type=str, choices=[c for c in typing.get_args(options["type"]) if c != ""])
     elif kind is not bool:
-        options["metavar"] = name.upper()
+        options["metavar"] = dotted.rsplit(".", 1)[-1].upper()
     if required:
         options["help"] = help_text
     parser.add_argument(flag, **options)

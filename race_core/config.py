@@ -5,9 +5,13 @@ field with its default and a line that says what it does).
 it as its parameter (the UI renders it as a nested form), the `race run` / `race cover` options
 are generated from its fields (`flows.options`), the demo and the deployments are
 instances of it, each stage receives its own part, and a stage's storage key hashes the part it
-ran. This module imports no torch, Prefect or storage, so reading it costs nothing.
+ran. This module imports no torch, Prefect, storage or pydantic, so reading it costs nothing.
 
-A field's help text is the comment written after it in this file (`field_help`).
+A field's help text is the comment written after it in this file (`field_help`). What a field may
+hold is its type: a `Literal` lists the choices (the CLI's `choices`, the UI's dropdown), a
+`Check(...)` the bounds (pydantic's `Field` constraints). pydantic reads them when a config is
+validated (`check_fields`: the `check`s, `from_dict`, and Prefect's validation of a UI or API run's
+parameters); a few checks that span fields stay code (`PipelineConfig.check`).
 """
 
 from __future__ import annotations
@@ -15,13 +19,13 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
-import math
 from dataclasses import asdict, dataclass, field
 from functools import cache
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 from race_core.envs import DEFAULT_ENV, ENV_NAMES, get_environment
-from race_core.envs.calculator import DEFAULT_MAX_TURNS
+from race_core.envs.calculator import DEFAULT_MAX_TURNS, SHAPES
+from race_core.importers import INPUT_FORMATS
 from race_core.memory import parse_size
 from race_core.schema import DEFAULT_LIMITS, Limits
 
@@ -34,6 +38,26 @@ EXECUTORS = ("local", "pool", "ray")  # where a stage's units run (`tasks.execut
 MIXED_PRECISIONS = ("no", "bf16", "fp16")  # accelerate's names
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float16": "float16", "fp16": "float16"}
+
+Backend = Literal[BACKENDS]
+Executor = Literal[("", *EXECUTORS)]  # "": pool if a pool is named, else local
+Stage = Literal[STAGES]
+Dtype = Literal[tuple(DTYPES)]  # held canonical: `Resources` turns bf16 into bfloat16
+STRICT = {"extra": "forbid"}  # each config's `__pydantic_config__`: an unknown key is an error, not dropped
+
+
+class Check:
+    """A field's bounds, in pydantic's `Field` terms: `Annotated[int, Check(ge=1)]`. pydantic reads
+    them when it validates a config; pydantic itself is imported only then (a bare CUDA machine runs
+    `race_core` with torch and transformers alone)."""
+
+    def __init__(self, **constraints: Any) -> None:
+        self.constraints = constraints
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> Any:
+        from pydantic import Field
+
+        return handler(Annotated[source, Field(**self.constraints)])
 
 
 def canonical_dtype(name: str) -> str:
@@ -48,22 +72,17 @@ def canonical_dtype(name: str) -> str:
 class IngestConfig:
     """Reading the input JSONL (docs/architecture.md §2)."""
 
+    __pydantic_config__ = STRICT
     max_field_chars: int = DEFAULT_LIMITS.max_field_chars  # longest text field accepted, in characters (0: no limit)
     max_turns: int = DEFAULT_LIMITS.max_turns  # most turns a trajectory may have (0: no limit)
     max_line_bytes: int = DEFAULT_LIMITS.max_line_bytes  # longest line in bytes; longer: skipped unread (0: no limit)
     max_extra_bytes: int = DEFAULT_LIMITS.max_extra_bytes  # JSON bytes of all keys outside the contract (0: no limit)
     max_depth: int = DEFAULT_LIMITS.max_depth  # deepest JSON nesting, the record is level 1 (0: no limit)
     strict: bool = False  # stop the run if any input line is rejected
-    format: str = "race"  # race (the contract), an agent-log format, or auto (picked per file)
+    format: Literal[INPUT_FORMATS] = "race"  # race (the contract), an agent-log format, or auto (picked per file)
     assume_successful: bool = False  # agent logs: a record without a success flag is taken as successful
     environment: str = ""  # agent logs: the environment of records that name none ("": the format's name)
     source_revision: str = ""  # agent logs: the source_revision of records that name none ("": unknown)
-
-    def __post_init__(self) -> None:
-        from race_core.importers import INPUT_FORMATS
-
-        if self.format not in INPUT_FORMATS:
-            raise ValueError(f"parameter 'ingest.format': {self.format!r} is not one of {list(INPUT_FORMATS)}")
 
     def limits(self) -> Limits:
         """The reader's `Limits`, each taken from the field of the same name."""
@@ -81,8 +100,9 @@ class IngestConfig:
 class CoverConfig:
     """The LoGiC cover: the settings that decide which reasoning is removed."""
 
-    epsilon: float = DEFAULT_EPSILON  # largest allowed drop of any later action's mean log-likelihood
-    backend: str = "hf"  # scoring backend: hf (transformers) or vllm
+    __pydantic_config__ = STRICT
+    epsilon: Annotated[float, Check(ge=0, lt=10, allow_inf_nan=False)] = DEFAULT_EPSILON  # largest allowed drop of any later action's mean log-likelihood
+    backend: Backend = "hf"  # scoring backend: hf (transformers) or vllm
     early_reject: bool = False  # score later actions only when the next one passes (same decisions, less work)
     max_tokens: int = 0  # longest rendered trajectory scored, in tokens (0: the model's context); longer: too_long
     local_only: bool = False  # check only the turn's own action, not the later ones (an ablation arm, not RACE)
@@ -99,24 +119,25 @@ class Resources:
     fields drive SFT and the RL update under accelerate (`race_core.train.distributed`,
     `race_core.train.launch`)."""
 
-    device: str = "cpu"  # cpu, cuda or cuda:N
-    dtype: str = "float32"  # model dtype (float32, bfloat16 / bf16, float16 / fp16); keep float32 near ε
-    batch_size: int = 16  # sequences per scoring forward
-    shard_size: int = 64  # trajectories scored together (memory grows with it)
+    __pydantic_config__ = STRICT
+    device: Annotated[str, Check(pattern=r"^(cpu|cuda)")] = "cpu"  # cpu, cuda or cuda:N
+    dtype: Dtype = "float32"  # model dtype (float32, bfloat16 / bf16, float16 / fp16); keep float32 near ε
+    batch_size: Annotated[int, Check(ge=1)] = 16  # sequences per scoring forward
+    shard_size: Annotated[int, Check(ge=1)] = 64  # trajectories scored together (memory grows with it)
     kv_budget: int | str = 0  # KV-prefix copies the hf scorer keeps, e.g. 2GiB (0: half the free memory)
     vllm_eager: bool = False  # vLLM engines run eagerly (no torch.compile, no CUDA graphs): ~1 min less start-up on CPU, slower forwards after; for short jobs
-    executor: str = ""  # where cover shards and sample chunks run: local, pool (--pool) or ray ("": pool if --pool is set, else local)
+    executor: Executor = ""  # where cover shards and sample chunks run: local, pool (--pool) or ray ("": pool if --pool is set, else local)
     pool: str = ""  # Prefect work pool whose workers score the cover's shards and sample chunks ("": this process)
-    pool_shards: int = 4  # shards per child flow run on the pool
-    lease_timeout: float = 60.0  # seconds a pool worker may go silent before its shards are submitted again
-    pickup_timeout: float = 600.0  # seconds child runs may wait, none taken and no pool worker online, before the run fails
+    pool_shards: Annotated[int, Check(ge=1)] = 4  # shards per child flow run on the pool
+    lease_timeout: Annotated[float, Check(gt=0)] = 60.0  # seconds a pool worker may go silent before its shards are submitted again
+    pickup_timeout: Annotated[float, Check(gt=0)] = 600.0  # seconds child runs may wait, none taken and no pool worker online, before the run fails
     ray_address: str = ""  # Ray cluster for --executor ray: HOST:6379 or ray://HOST:10001 ("": a Ray of this machine)
-    ray_actors: int = 0  # Ray actors, one model each (0: one per GPU of the cluster; on CPU one per node)
-    train_processes: int = 0  # SFT / RL update processes over all hosts (0: the accelerate config's, else 1 in this process)
+    ray_actors: Annotated[int, Check(ge=0)] = 0  # Ray actors, one model each (0: one per GPU of the cluster; on CPU one per node)
+    train_processes: Annotated[int, Check(ge=0)] = 0  # SFT / RL update processes over all hosts (0: the accelerate config's, else 1 in this process)
     gradient_checkpointing: bool = False  # training recomputes activations in the backward pass (less memory, more compute)
-    mixed_precision: str = "no"  # training autocast: bf16, fp16 (GPU only) or no (the model's dtype throughout)
+    mixed_precision: Literal[MIXED_PRECISIONS] = "no"  # training autocast: bf16, fp16 (GPU only) or no (the model's dtype throughout)
     accelerate_config: str = ""  # accelerate config file the training processes launch with (FSDP, DeepSpeed, hosts)
-    train_save_every: int = 50  # optimizer steps between saved training states a rerun resumes from (0: none)
+    train_save_every: Annotated[int, Check(ge=0)] = 50  # optimizer steps between saved training states a rerun resumes from (0: none)
 
     TRAINING: ClassVar[tuple[str, ...]] = ("train_processes", "gradient_checkpointing", "mixed_precision",
                                            "accelerate_config", "train_save_every")  # read by sft and rl only
@@ -127,12 +148,6 @@ class Resources:
             object.__setattr__(self, "kv_budget", parse_size(self.kv_budget))
         except ValueError as exc:
             raise ValueError(f"parameter 'resources.kv_budget': {exc}") from None
-        if self.mixed_precision not in MIXED_PRECISIONS:
-            raise ValueError(f"parameter 'resources.mixed_precision': {self.mixed_precision!r} is not one of "
-                             f"{list(MIXED_PRECISIONS)}")
-        for name in ("train_processes", "train_save_every"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"parameter 'resources.{name}': {getattr(self, name)} is not >= 0")
 
     def engine_options(self, backend: str) -> dict[str, Any]:
         """The options a `backend` ('hf' or 'vllm') scorer or sampler is built with besides device and
@@ -164,6 +179,7 @@ class SFTConfig:
     Learning rate: linear warmup over `warmup_steps`, then cosine decay to `min_lr_ratio` × lr.
     """
 
+    __pydantic_config__ = STRICT
     lr: float = 1e-3  # peak learning rate
     epochs: int = 1  # passes over the data when steps is 0
     steps: int = 0  # optimizer steps (0: epochs passes)
@@ -188,7 +204,8 @@ class SFTConfig:
 class RLConfig:
     """Cover-aware RL on on-policy rollouts in an environment (docs/architecture.md §5). The cover's ε is the pipeline's."""
 
-    iterations: int = 1  # sample -> update rounds
+    __pydantic_config__ = STRICT
+    iterations: Annotated[int, Check(ge=0)] = 1  # sample -> update rounds
     tasks_per_iteration: int = 8  # K calculator tasks per iteration
     group_size: int = 4  # G rollouts per task (the GRPO group)
     temperature: float = 1.0  # sampling temperature
@@ -202,27 +219,28 @@ class RLConfig:
     inner_steps: int = 1  # optimizer steps on one batch of rollouts
     max_grad_norm: float = 1.0  # gradient clipping (0: off)
     seed: int = 0  # sampling (seed + iteration) and the update
-    env: str = DEFAULT_ENV  # the environment the rollouts play: calculator, or lookup (multi-hop, 5-6 turns)
+    env: Literal[ENV_NAMES] = DEFAULT_ENV  # the environment the rollouts play: calculator, or lookup (multi-hop, 5-6 turns)
     difficulty: int | None = None  # calculator: operations per task (None: 1-3 at random); lookup: entries (3 or 4)
-    shape: str = "random"  # calculator task shape: random, or two-part (results carried across turns)
+    shape: Literal[SHAPES] = "random"  # calculator task shape: random, or two-part (results carried across turns)
     cover_aware: bool = True  # mask removable reasoning and supervise closure (off: plain GRPO)
-    length_penalty: float = 0.0  # λ of GRPO with a reasoning-length penalty: reward − λ · reasoning tokens (0: none)
-    sampler: str = "hf"  # sampling backend: hf (transformers generate) or vllm
-    sample_chunk: int = 0  # tasks sampled together, the unit a pool's workers share (0: all K at once)
-    micro_batch: int = 0  # rollouts per forward of the update, gradients accumulated (0: all at once)
+    length_penalty: Annotated[float, Check(ge=0, allow_inf_nan=False)] = 0.0  # λ of GRPO with a reasoning-length penalty: reward − λ · reasoning tokens (0: none)
+    sampler: Backend = "hf"  # sampling backend: hf (transformers generate) or vllm
+    sample_chunk: Annotated[int, Check(ge=0)] = 0  # tasks sampled together, the unit a pool's workers share (0: all K at once)
+    micro_batch: Annotated[int, Check(ge=0)] = 0  # rollouts per forward of the update, gradients accumulated (0: all at once)
 
 
 @dataclass(frozen=True)
 class EvalConfig:
     """Held-out evaluation in the environment: greedy success and reasoning tokens per episode."""
 
+    __pydantic_config__ = STRICT
     tasks: int = 100  # held-out tasks
     seed: int = 0  # which held-out tasks
     max_turns: int = DEFAULT_MAX_TURNS  # turn budget of an episode
     max_new_tokens: int = 96  # per assistant turn
-    env: str = DEFAULT_ENV  # the environment the held-out tasks are drawn from: calculator or lookup
-    shape: str = "random"  # calculator held-out task shape: random, or two-part (results carried across turns)
-    sampler: str = "hf"  # sampling backend: hf (transformers generate) or vllm
+    env: Literal[ENV_NAMES] = DEFAULT_ENV  # the environment the held-out tasks are drawn from: calculator or lookup
+    shape: Literal[SHAPES] = "random"  # calculator held-out task shape: random, or two-part (results carried across turns)
+    sampler: Backend = "hf"  # sampling backend: hf (transformers generate) or vllm
 
 
 # Fields added after stage keys were first written: left out of a key while at this default, so the
@@ -240,11 +258,12 @@ def key_fields(config: Any) -> dict[str, Any]:
 class PipelineConfig:
     """One run of the pipeline: inputs, checkpoint, store, which stages, and each stage's settings."""
 
+    __pydantic_config__ = STRICT
     inputs: tuple[str, ...] = ()  # JSONL files, globs or fsspec URLs of successful trajectories
     checkpoint: str = ""  # local save_pretrained folder of the policy (nothing is downloaded)
     store: str = ".race/store"  # artifact store: a folder or an fsspec URL (s3://...)
-    stages: tuple[str, ...] = STAGES  # the stages to run, in pipeline order
-    force: tuple[str, ...] = ()  # stages to recompute even when the store holds a usable output of them
+    stages: tuple[Stage, ...] = STAGES  # the stages to run, in pipeline order
+    force: tuple[Stage, ...] = ()  # stages to recompute even when the store holds a usable output of them
     report_dir: str | None = None  # write report.md, plots and summary.json here
     baseline: bool = False  # also SFT on the trajectories as they came (no removal) and evaluate it beside RACE
     ingest: IngestConfig = field(default_factory=IngestConfig)
@@ -262,29 +281,13 @@ class PipelineConfig:
         """Fail early with a message naming the bad parameter; returns self."""
         if not self.inputs:
             raise ValueError("parameter 'inputs': give at least one JSONL file, glob or URL")
-        for name in ("stages", "force"):
-            unknown = sorted(set(getattr(self, name)) - set(STAGES))
-            if unknown:
-                raise ValueError(f"parameter '{name}': unknown {unknown}; known stages are {list(STAGES)}")
-        if self.rl.iterations < 0:
-            raise ValueError("parameter 'rl.iterations' must be >= 0")
-        if not (math.isfinite(self.rl.length_penalty) and self.rl.length_penalty >= 0):
-            raise ValueError(f"parameter 'rl.length_penalty': {self.rl.length_penalty} is not a finite number >= 0")
-        if self.rl.micro_batch < 0:
-            raise ValueError(f"parameter 'rl.micro_batch': {self.rl.micro_batch} is not >= 0 (0: all rollouts at once)")
-        if self.rl.sample_chunk < 0:
-            raise ValueError(f"parameter 'rl.sample_chunk': {self.rl.sample_chunk} is not >= 0 (0: all tasks at once)")
+        check_fields(PipelineConfig, asdict(self))
         for name, part in (("rl", self.rl), ("evaluate", self.evaluate)):
-            if part.env not in ENV_NAMES:
-                raise ValueError(f"parameter '{name}.env': {part.env!r} is not one of {list(ENV_NAMES)}")
             try:
                 get_environment(part.env).check(part.shape, getattr(part, "difficulty", None))
             except ValueError as exc:
                 raise ValueError(f"parameter '{name}': {exc}") from None
-        for name, sampler in (("rl.sampler", self.rl.sampler), ("evaluate.sampler", self.evaluate.sampler)):
-            if sampler not in BACKENDS:
-                raise ValueError(f"parameter '{name}': {sampler!r} is not one of {BACKENDS}")
-        _check_cover(self.checkpoint, self.cover, self.resources)
+        _check_place(self.checkpoint, self.resources)
         return self
 
 
@@ -301,6 +304,7 @@ DEMO_CONFIG = PipelineConfig(
 class NightlyConfig:
     """Nightly recompression: what is new in an inbox, compressed for this model and ε."""
 
+    __pydantic_config__ = STRICT
     inbox: str = "inbox/*.jsonl"  # glob or fsspec URL of the JSONL files to watch
     checkpoint: str = ""  # local save_pretrained folder of the policy
     store: str = ".race/store"  # artifact store: a folder or an fsspec URL
@@ -312,31 +316,17 @@ class NightlyConfig:
         """The same parameter checks as the manual pipeline's; returns self."""
         if not self.inbox:
             raise ValueError("parameter 'inbox': give a glob or URL of JSONL files")
-        _check_cover(self.checkpoint, self.cover, self.resources)
+        check_fields(NightlyConfig, asdict(self))
+        _check_place(self.checkpoint, self.resources)
         return self
 
 
-def _check_cover(checkpoint: str, cover: CoverConfig, resources: Resources) -> None:
+def _check_place(checkpoint: str, resources: Resources) -> None:
+    """What no field's type can say: a pool executor needs the pool's name, the checkpoint a folder."""
     from pathlib import Path
 
-    if cover.backend not in BACKENDS:
-        raise ValueError(f"parameter 'cover.backend': {cover.backend!r} is not one of {BACKENDS}")
-    if not (math.isfinite(cover.epsilon) and 0 <= cover.epsilon < 10):
-        raise ValueError(f"parameter 'cover.epsilon': {cover.epsilon} is outside [0, 10)")
-    if not resources.device.startswith(("cpu", "cuda")):
-        raise ValueError(f"parameter 'resources.device': {resources.device!r} is not cpu or cuda[:N]")
-    for name in ("batch_size", "shard_size", "pool_shards"):
-        if getattr(resources, name) < 1:
-            raise ValueError(f"parameter 'resources.{name}' must be >= 1")
-    for name in ("lease_timeout", "pickup_timeout"):
-        if not getattr(resources, name) > 0:
-            raise ValueError(f"parameter 'resources.{name}': {getattr(resources, name)} is not > 0 seconds")
-    if resources.executor and resources.executor not in EXECUTORS:
-        raise ValueError(f"parameter 'resources.executor': {resources.executor!r} is not one of {EXECUTORS}")
     if resources.executor == "pool" and not resources.pool:
         raise ValueError("parameter 'resources.pool': --executor pool needs the work pool's name (--pool NAME)")
-    if resources.ray_actors < 0:
-        raise ValueError(f"parameter 'resources.ray_actors': {resources.ray_actors} is not >= 0")
     if not (Path(checkpoint) / "config.json").exists():
         raise ValueError(f"parameter 'checkpoint': {checkpoint!r} is not a local save_pretrained folder")
 
@@ -360,21 +350,52 @@ def replace(config: Any, **changes: Any) -> Any:
 
 
 def from_dict(cls: type, data: dict[str, Any]) -> Any:
-    """A config from its `asdict` form (nested dicts for sections, lists for tuples); unknown keys
-    are an error naming the key."""
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise ValueError(f"{cls.__name__}: unknown field(s) {unknown}")
-    values = {}
-    for name, value in data.items():
-        kind = field_types(cls)[name]
-        if dataclasses.is_dataclass(kind) and isinstance(value, dict):
-            value = from_dict(kind, value)
-        elif isinstance(value, list):
-            value = tuple(value)
-        values[name] = value
-    return cls(**values)
+    """A config from its `asdict` form (nested dicts for sections, lists for tuples), checked
+    (`check_fields`). Built from the values as given: pydantic's copy would hold an int given for a
+    float field as a float, which a stage key hashes differently."""
+    check_fields(cls, data)
+    return _build(cls, data)
+
+
+def _build(cls: type, data: dict[str, Any]) -> Any:
+    kinds = field_types(cls)
+    return cls(**{name: _build(kinds[name], value) if dataclasses.is_dataclass(kinds[name]) and isinstance(value, dict)
+                  else tuple(value) if isinstance(value, list) else value for name, value in data.items()})
+
+
+def check_fields(cls: type, data: dict[str, Any]) -> None:
+    """Check `data` (a `cls` config's `asdict` form, sections nested) against the fields' types, as
+    Prefect checks a run's parameters: every value of its type, among its choices and within its
+    bounds, no unknown key. A failure names each bad value on one line: `parameter 'cover.epsilon': ...`."""
+    from pydantic import ValidationError
+
+    try:
+        _adapter(cls).validate_python(data)
+    except ValidationError as exc:
+        raise ValueError("; ".join(_message(error) for error in exc.errors())) from None
+
+
+@cache
+def _adapter(cls: type) -> Any:
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(cls)
+
+
+def _message(error: Any) -> str:
+    """One pydantic error as `parameter 'section.field': reason` (an item of a tuple: the tuple's name)."""
+    if error["type"] == "value_error":  # raised by a `__post_init__`, whose message names the parameter
+        return str(error["ctx"]["error"])
+    where = ".".join(str(part) for part in error["loc"] if not isinstance(part, int))
+    value, item = error.get("input"), isinstance(error["loc"][-1], int)
+    if error["type"] == "literal_error":
+        choices = "[" + error["ctx"]["expected"].replace(" or ", ", ") + "]"
+        reason = f"unknown [{value!r}]; known: {choices}" if item else f"{value!r} is not one of {choices}"
+    elif error["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
+        reason = "no such field"
+    else:
+        reason = f"{error['msg'][0].lower()}{error['msg'][1:]}, got {value!r}"
+    return f"parameter '{where}': {reason}"
 
 
 @cache

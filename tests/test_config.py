@@ -1,9 +1,11 @@
 """One config per stage: every field documented, reachable from the CLI, and the same object after
-the trip through Prefect's parameter validation (what a UI or API run sends); and the dicts the
+the trip through Prefect's parameter validation (what a UI or API run sends); what a field may hold
+is its type (choices, bounds), checked alike by `check`, `from_dict` and Prefect; and the dicts the
 stage keys hash stay what they were."""
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -11,8 +13,11 @@ import pytest
 from flows.cli import build_parser
 from flows.options import config_from_args
 from race_core.config import (
+    BACKENDS,
     DEMO_CONFIG,
+    EXECUTORS,
     SECTIONS,
+    STAGES,
     CoverConfig,
     EvalConfig,
     IngestConfig,
@@ -22,11 +27,13 @@ from race_core.config import (
     RLConfig,
     SFTConfig,
     canonical_dtype,
+    check_fields,
     field_help,
     from_dict,
     key_fields,
     replace,
 )
+from race_core.importers import INPUT_FORMATS
 
 PINNED = Path(__file__).parent / "fixtures" / "config_asdict.json"
 
@@ -105,6 +112,107 @@ def test_from_dict_keeps_the_values_as_given():
         assert repr(dataclasses.asdict(again)) == repr(dataclasses.asdict(config))
 
 
+def test_every_shipped_config_holds_values_its_types_allow():
+    from deployments import SERVE_DEFAULTS
+    from flows.ablate import PRESETS
+
+    for config in (PipelineConfig(), DEMO_CONFIG, *(p.config for p in PRESETS.values())):
+        check_fields(PipelineConfig, dataclasses.asdict(config))
+    check_fields(NightlyConfig, dataclasses.asdict(SERVE_DEFAULTS))
+
+
+BAD_VALUES = [  # (dotted field, value, what the message says after "parameter '<field>': ")
+    ("cover.backend", "tgi", "'tgi' is not one of \\['hf', 'vllm'\\]"),
+    ("cover.epsilon", float("nan"), "input should be a finite number"),
+    ("cover.epsilon", math.inf, "input should be a finite number"),
+    ("cover.epsilon", -0.1, "input should be greater than or equal to 0, got -0.1"),
+    ("cover.epsilon", 10.0, "input should be less than 10, got 10.0"),
+    ("ingest.format", "xml", "'xml' is not one of \\['race', 'auto'"),
+    ("resources.device", "tpu", "string should match pattern '\\^\\(cpu\\|cuda\\)', got 'tpu'"),
+    ("resources.batch_size", 0, "input should be greater than or equal to 1, got 0"),
+    ("resources.shard_size", 0, "input should be greater than or equal to 1"),
+    ("resources.pool_shards", 0, "input should be greater than or equal to 1"),
+    ("resources.lease_timeout", 0.0, "input should be greater than 0, got 0.0"),
+    ("resources.pickup_timeout", -1.0, "input should be greater than 0"),
+    ("resources.executor", "dask", "'dask' is not one of \\['', 'local', 'pool', 'ray'\\]"),
+    ("resources.ray_actors", -1, "input should be greater than or equal to 0, got -1"),
+    ("resources.train_processes", -1, "input should be greater than or equal to 0"),
+    ("resources.train_save_every", -1, "input should be greater than or equal to 0"),
+    ("resources.mixed_precision", "fp8", "'fp8' is not one of \\['no', 'bf16', 'fp16'\\]"),
+    ("rl.iterations", -1, "input should be greater than or equal to 0"),
+    ("rl.length_penalty", -0.5, "input should be greater than or equal to 0"),
+    ("rl.length_penalty", math.inf, "input should be a finite number"),
+    ("rl.micro_batch", -1, "input should be greater than or equal to 0"),
+    ("rl.sample_chunk", -1, "input should be greater than or equal to 0"),
+    ("rl.env", "chess", "'chess' is not one of \\['calculator', 'lookup'\\]"),
+    ("rl.sampler", "tgi", "'tgi' is not one of"),
+    ("evaluate.env", "chess", "'chess' is not one of"),
+    ("evaluate.sampler", "tgi", "'tgi' is not one of"),
+    ("evaluate.shape", "spiral", "'spiral' is not one of \\['random', 'two-part'\\]"),
+    ("stages", ("cover", "bake"), "unknown \\['bake'\\]"),
+    ("force", ("scoring",), "unknown \\['scoring'\\]"),
+]
+
+
+@pytest.mark.parametrize(("name", "value", "reason"), BAD_VALUES, ids=[f"{n}={v}" for n, v, _ in BAD_VALUES])
+def test_a_bad_value_is_an_error_naming_its_parameter_and_the_reason(name, value, reason, tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    good = PipelineConfig(inputs=("x.jsonl",), checkpoint=str(tmp_path))
+    assert good.check() is good
+    message = f"parameter '{name}': {reason}"
+    with pytest.raises(ValueError, match=message):
+        replace(good, **{name: value}).check()
+    data = dataclasses.asdict(good)
+    head, _, rest = name.partition(".")
+    (data[head] if rest else data)[rest or head] = value
+    with pytest.raises(ValueError, match=message):  # the dict form (a stored spec, a sent parameter)
+        from_dict(PipelineConfig, data)
+    if head in ("ingest", "cover", "resources"):  # the nightly flow's sections: its check says the same
+        nightly = NightlyConfig(checkpoint=str(tmp_path))
+        with pytest.raises(ValueError, match=message):
+            replace(nightly, **{name: value}).check()
+
+
+def test_checks_that_span_fields_stay_and_several_bad_values_are_named_together(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    good = PipelineConfig(inputs=("x.jsonl",), checkpoint=str(tmp_path))
+    with pytest.raises(ValueError, match="parameter 'resources.pool': --executor pool needs the work pool's name"):
+        replace(good, **{"resources.executor": "pool"}).check()
+    with pytest.raises(ValueError, match="parameter 'rl': environment 'lookup': shape must be one of"):
+        replace(good, **{"rl.env": "lookup", "rl.shape": "two-part"}).check()
+    with pytest.raises(ValueError, match="parameter 'checkpoint': .* is not a local save_pretrained folder"):
+        replace(good, checkpoint=str(tmp_path / "none")).check()
+    with pytest.raises(ValueError, match="parameter 'inputs': give at least one"):
+        replace(good, inputs=()).check()
+    with pytest.raises(ValueError, match="parameter 'cover.epsilon': .*; parameter 'resources.batch_size': "):
+        replace(good, **{"cover.epsilon": -1.0, "resources.batch_size": 0}).check()
+    with pytest.raises(ValueError, match="parameter 'resources.kv_budget': "):  # a __post_init__'s own message
+        from_dict(Resources, {"kv_budget": "2 parsecs"})
+
+
+def test_the_configs_build_without_pydantic():
+    """A bare CUDA machine (torch and transformers only, `bench.gpu_bare`) builds configs: the fields'
+    bounds are read by pydantic only when a config is validated."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['pydantic'] = None\n"
+            "from race_core.config import DEMO_CONFIG, Resources, field_types, replace\n"
+            "assert Resources(kv_budget='1KiB', dtype='bf16').kv_budget == 1024 and field_types(Resources)\n"
+            "assert replace(DEMO_CONFIG, **{'cover.epsilon': 0.1}).cover.epsilon == 0.1\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[1], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_option_choices_are_the_field_types_choices():
+    run = build_parser()._subparsers._group_actions[0].choices["run"]
+    choices = {a.dest: a.choices for a in run._actions if a.choices}
+    assert choices["config:cover.backend"] == choices["config:rl.sampler"] == list(BACKENDS)
+    assert choices["config:resources.executor"] == list(EXECUTORS)  # not "": that is the option not given
+    assert choices["config:stages"] == choices["config:force"] == list(STAGES)
+    assert choices["config:ingest.format"] == list(INPUT_FORMATS)
+
+
 def test_dtype_names_are_canonical():
     assert canonical_dtype("bf16") == canonical_dtype("bfloat16") == "bfloat16"
     with pytest.raises(ValueError, match="unknown dtype 'float8'"):
@@ -125,6 +233,27 @@ def test_prefect_validates_the_ui_form_into_the_config():
     definitions = schema["definitions"]
     assert {"PipelineConfig", "CoverConfig", "SFTConfig", "RLConfig", "EvalConfig", "Resources"} <= set(definitions)
     assert definitions["CoverConfig"]["properties"]["epsilon"]["default"] == PipelineConfig().cover.epsilon
+
+
+def test_prefect_turns_away_a_ui_form_with_a_bad_value_or_an_unknown_key():
+    """The field types are the form's: choices are a dropdown, bounds are checked before the run starts."""
+    from prefect.exceptions import ParameterTypeError
+
+    from flows.pipeline import race_pipeline
+
+    sent = json.loads(json.dumps({"config": dataclasses.asdict(replace(DEMO_CONFIG, inputs=("a.jsonl",)))}))
+    for section, key, value, reason in (("cover", "backend", "tgi", "Input should be 'hf' or 'vllm'"),
+                                        ("resources", "batch_size", 0, "greater than or equal to 1"),
+                                        ("cover", "epsilonn", 0.1, "nexpected keyword argument")):
+        bad = json.loads(json.dumps(sent))
+        bad["config"][section][key] = value
+        with pytest.raises(ParameterTypeError, match=f"config.{section}.{key}: .*{reason}"):
+            race_pipeline.validate_parameters(bad)
+    definitions = race_pipeline.parameters.model_dump()["definitions"]
+    assert definitions["CoverConfig"]["properties"]["backend"]["enum"] == list(BACKENDS)
+    assert definitions["CoverConfig"]["properties"]["epsilon"]["exclusiveMaximum"] == 10
+    assert definitions["Resources"]["properties"]["batch_size"]["minimum"] == 1
+    assert definitions["PipelineConfig"]["additionalProperties"] is False
 
 
 def test_vllm_eager_reaches_only_vllm_engines_and_a_cpu_engine_prefills_prompts_whole():
