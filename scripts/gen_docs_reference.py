@@ -4,8 +4,9 @@
   (`flows.cli.build_parser`), whose run / cover / serve options are themselves generated from the
   typed config (`flows.options`).
 - `reference/config.md`: every field of `race_core.config.PipelineConfig`, its sections and
-  `NightlyConfig`: type, default, help (the comment after the field), the CLI option and the
-  commands that take it; and the settings in which `race demo` and `race ablate` differ.
+  `NightlyConfig`: type (a `Literal` names the choices), default, help (the comment after the field)
+  with the bounds its `Check` sets, the CLI option and the commands that take it; and the settings
+  in which `race demo` and `race ablate` differ.
 - `reference/datasets.md`: the Parquet datasets' columns (`storage.parquet.SCHEMAS`, with the
   comment written after each column) and every reject code (`race_core.schema`, the importers', the
   cover's).
@@ -120,6 +121,20 @@ def _options_by_field() -> dict[str, tuple[str, list[str]]]:
     return out
 
 
+_BOUNDS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+
+
+def _bounds(cls: type, name: str) -> str:
+    """What a field's `Check(...)` allows, in words: `>= 0, < 10, finite`."""
+    from race_core.config import Check
+
+    hint = typing.get_type_hints(cls, include_extras=True)[name]
+    constraints = [c for mark in getattr(hint, "__metadata__", ()) if isinstance(mark, Check)
+                   for c in mark.constraints.items()]
+    return ", ".join(f"{_BOUNDS[k]} {v}" if k in _BOUNDS else "finite" if k == "allow_inf_nan" else f"{k} {v}"
+                     for k, v in constraints)
+
+
 def _field_rows(cls: type, prefix: str, options: dict[str, tuple[str, list[str]]]) -> list[str]:
     from race_core.config import field_help, field_types
 
@@ -132,8 +147,9 @@ def _field_rows(cls: type, prefix: str, options: dict[str, tuple[str, list[str]]
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         flag, commands = options.get(dotted, ("", []))
         where = f"`{flag}` ({', '.join(c.removeprefix('race ') for c in commands)})" if flag else "UI / Python only"
+        bounds = _bounds(cls, f.name)
         rows.append(f"| `{dotted}` | `{_type_name(kinds[f.name])}` | `{default!r}` | {_cell(where)} | "
-                    f"{_cell(helps.get(f.name, ''))} |")
+                    f"{_cell(helps.get(f.name, ''))}{_cell(f' (allowed: {bounds})') if bounds else ''} |")
     return rows
 
 
@@ -158,7 +174,10 @@ def config_reference() -> str:
              "the Prefect flow's parameter (the UI's form), the source of the command-line options (a "
              "section's fields take its prefix: `--sft-lr`, `--rl-iterations`, `--eval-tasks`; ingest, cover "
              "and resources have none: `--epsilon`, `--device`) and, section by section, part of each "
-             "stage's key. In Python: `race_core.config.replace(config, **{\"cover.epsilon\": 0.01})`.", "",
+             "stage's key. In Python: `race_core.config.replace(config, **{\"cover.epsilon\": 0.01})`. "
+             "A field's type says what it may hold (its choices, its allowed range): the run's parameter "
+             "check, the UI's form and the options' choices all read it, and a bad value is an error "
+             "naming it (`parameter 'cover.epsilon': ...`).", "",
              "## `PipelineConfig`", "", inspect.getdoc(PipelineConfig) or "", ""]
     lines += _field_rows(PipelineConfig, "", options) + [""]
     for section in SECTIONS:
