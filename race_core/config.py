@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import os
 from dataclasses import asdict, dataclass, field
 from functools import cache
 from typing import Annotated, Any, ClassVar, Literal
@@ -249,6 +250,10 @@ KEY_OPTIONAL = {"local_only": False, "shape": "random", "cover_aware": True, "sa
                 "micro_batch": 0, "env": DEFAULT_ENV, "length_penalty": 0.0}
 
 
+def _path_text(value: Any) -> Any:
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
 def key_fields(config: Any) -> dict[str, Any]:
     """A config dataclass as the dict its stage keys hash, without `KEY_OPTIONAL` fields at their default."""
     return {k: v for k, v in asdict(config).items() if k not in KEY_OPTIONAL or v != KEY_OPTIONAL[k]}
@@ -272,6 +277,13 @@ class PipelineConfig:
     sft: SFTConfig = field(default_factory=SFTConfig)
     rl: RLConfig = field(default_factory=RLConfig)
     evaluate: EvalConfig = field(default_factory=EvalConfig)
+
+    def __post_init__(self) -> None:
+        # paths may come as `Path`s (or one path alone); they are held as the strings they name
+        inputs = (self.inputs,) if isinstance(self.inputs, (str, os.PathLike)) else self.inputs
+        object.__setattr__(self, "inputs", tuple(_path_text(path) for path in inputs))
+        for name in ("checkpoint", "store", "report_dir"):
+            object.__setattr__(self, name, _path_text(getattr(self, name)))
 
     def with_seed(self, seed: int) -> PipelineConfig:
         """The same seed for SFT, RL and evaluation (the CLI's `--seed`)."""

@@ -112,6 +112,19 @@ def test_from_dict_keeps_the_values_as_given():
         assert repr(dataclasses.asdict(again)) == repr(dataclasses.asdict(config))
 
 
+def test_paths_given_as_path_objects_are_held_as_the_strings_they_name(tmp_path):
+    """A script passes `Path`s (inputs, checkpoint, store, report folder): the config holds their
+    text, so it checks, round-trips through a dict and keys as the same run given strings."""
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text("{}")
+    given = PipelineConfig(inputs=[tmp_path / "a.jsonl"], checkpoint=tmp_path / "ckpt", store=tmp_path / "s",
+                           report_dir=tmp_path / "r")
+    text = PipelineConfig(inputs=(str(tmp_path / "a.jsonl"),), checkpoint=str(tmp_path / "ckpt"),
+                          store=str(tmp_path / "s"), report_dir=str(tmp_path / "r"))
+    assert given == text and given.check() is given
+    assert PipelineConfig(inputs=tmp_path / "a.jsonl").inputs == (str(tmp_path / "a.jsonl"),)
+
+
 def test_every_shipped_config_holds_values_its_types_allow():
     from deployments import SERVE_DEFAULTS
     from flows.ablate import PRESETS
