@@ -86,7 +86,14 @@ def available_memory(device: str) -> int:
 
 
 def automatic_kv_budget(device: str) -> int:
-    """KV_MEMORY_SHARE of the memory free on `device` now, in bytes."""
+    """KV_MEMORY_SHARE of the memory free on `device` now, in bytes. On a CPU the heap's free memory
+    is handed back to the kernel first (`release_freed_memory`): with `keep_freed_memory` the blocks
+    this process freed (an earlier scorer's kept copies, a training step's activations) stay in its
+    heap, reusable by it but not counted by the kernel as available, and a budget taken then came
+    out small enough to evict and recompute prefixes (a second cover in one process fed 1.6x the
+    work bound's tokens)."""
+    if not device.startswith("cuda"):
+        release_freed_memory()
     return int(KV_MEMORY_SHARE * available_memory(device))
 
 
