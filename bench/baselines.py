@@ -150,29 +150,15 @@ def forward_prices(model, tokens: int = 4096, lengths: Sequence[int] = (64, 256,
     over a long prefix and what `forward_throughput` at one length does not say."""
     import torch
 
+    from race_core.scoring.plan import fastest_forward
+
     context = int(model.config.get_text_config().max_position_embeddings)
-    device = next(model.parameters()).device
-    vocab = model.get_input_embeddings().weight.shape[0]
-    decoder = model.get_decoder()
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     generator = torch.Generator().manual_seed(seed)
     shapes = [(max(tokens // length, 1), length) for length in lengths if length <= context]
     if len(shapes) < 2:
         raise ValueError(f"forward_prices: need two row lengths within the model's context of {context}, got {lengths}")
-    rows_of_fit, times = [], []
-    with torch.inference_mode():
-        for rows, length in shapes:
-            ids = torch.randint(0, vocab, (rows, length), generator=generator).to(device)
-            decoder(input_ids=ids, use_cache=False)  # warm-up
-            best = float("inf")
-            for _ in range(repeats):
-                sync()
-                start = time.perf_counter()
-                decoder(input_ids=ids, use_cache=False)
-                sync()
-                best = min(best, time.perf_counter() - start)
-            rows_of_fit.append((rows * length, rows * length * (length + 1) / 2))
-            times.append(best)
+    times = [fastest_forward(model, rows, length, repeats, generator) for rows, length in shapes]
+    rows_of_fit = [(rows * length, rows * length * (length + 1) / 2) for rows, length in shapes]
     (per_token, per_pair), *_ = np.linalg.lstsq(np.array(rows_of_fit), np.array(times), rcond=None)
     return {"per_token_s": float(per_token), "per_pair_s": float(max(per_pair, 0.0)),
             "shapes": [list(shape) for shape in shapes], "wall_s": times}

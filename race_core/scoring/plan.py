@@ -104,6 +104,25 @@ def _layer_weights(config) -> int:
 
 
 @torch.inference_mode()
+def fastest_forward(model, rows: int, length: int, repeats: int, generator: torch.Generator) -> float:
+    """Seconds of the fastest of `repeats` decoder forwards (no cache) over `rows` x `length` random
+    tokens drawn with `generator`, after one warm-up; on a GPU the clock stops when the device is done."""
+    device = next(model.parameters()).device
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    ids = torch.randint(0, model.get_input_embeddings().weight.shape[0], (rows, length), generator=generator)
+    ids, decoder = ids.to(device), model.get_decoder()
+    decoder(input_ids=ids, use_cache=False)  # warm-up
+    best = math.inf
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        decoder(input_ids=ids, use_cache=False)
+        sync()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+@torch.inference_mode()
 def measure_overhead(model, repeats: int = 7) -> float:
     """The fixed cost of one model call, in positions: a call on one token (all fixed cost) over the
     cost per position of a call on 4 x 64, each the fastest of `repeats` (the fastest is the one
@@ -112,25 +131,8 @@ def measure_overhead(model, repeats: int = 7) -> float:
     once per model object."""
     if model in _measured:
         return _measured[model]
-    device = next(model.parameters()).device
-    vocab = model.get_input_embeddings().weight.shape[0]
-    decoder = model.get_decoder()
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     generator = torch.Generator().manual_seed(0)
-
-    def fastest(rows: int, length: int) -> float:
-        ids = torch.randint(0, vocab, (rows, length), generator=generator).to(device)
-        decoder(input_ids=ids, use_cache=False)  # warm-up
-        best = math.inf
-        for _ in range(repeats):
-            sync()
-            start = time.perf_counter()
-            decoder(input_ids=ids, use_cache=False)
-            sync()
-            best = min(best, time.perf_counter() - start)
-        return best
-
-    fixed, large = fastest(1, 1), fastest(4, 64)
+    fixed, large = (fastest_forward(model, rows, length, repeats, generator) for rows, length in ((1, 1), (4, 64)))
     overhead = fixed / (large - fixed) * 255 if large > fixed else math.inf
     _measured[model] = float(2 ** round(math.log2(min(max(overhead, 1.0), MAX_OVERHEAD))))
     return _measured[model]
