@@ -23,4 +23,5 @@ mkdir -p "$PREFECT_HOME"  # Prefect creates only the last level of it (warns on 
 "$VENV/bin/ruff" check .
 WORKERS=${RACE_TEST_WORKERS:-2}
 PARALLEL=(); [ "$WORKERS" = "0" ] || PARALLEL=(-n "$WORKERS" --dist loadfile)
-"$VENV/bin/python" -m pytest -q -p no:cacheprovider "${PARALLEL[@]}" "$@"
+# the slowest tests are listed at the end: where the suite's time goes, on every CI run
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider --durations=25 "${PARALLEL[@]}" "$@"

@@ -67,31 +67,31 @@ def test_the_whole_loop_runs_on_a_real_instruct_model_in_the_multi_turn_world(pr
     assert len(inputs) == 6 and all(len(t.turns) >= 4 for t in inputs)
     path = tmp_path / "inputs.jsonl"
     path.write_text("".join(json.dumps(t.to_dict()) + "\n" for t in inputs))
-    turns, tokens = 6, 64
+    turns, tokens, held_out = 6, 40, 2  # a turn played costs a decode step per token of its longest episode
     config = PipelineConfig(
         checkpoint=str(smollm2_checkpoint), inputs=(str(path),), cover=CoverConfig(epsilon=0.1),
         sft=SFTConfig(steps=2, batch_size=4, lr=5e-5, max_length=1024),
-        rl=RLConfig(env="lookup", shape="random", iterations=1, tasks_per_iteration=2, group_size=2, max_turns=turns,
+        rl=RLConfig(env="lookup", shape="random", iterations=1, tasks_per_iteration=1, group_size=2, max_turns=turns,
                     max_new_tokens=tokens, lr=1e-5),
-        evaluate=EvalConfig(env="lookup", shape="random", tasks=4, max_turns=turns, max_new_tokens=tokens))
-    bootstrap = AgentBootstrapConfig(env="lookup", shape="random", expert_tasks=24, check_tasks=2, check_samples=2,
+        evaluate=EvalConfig(env="lookup", shape="random", tasks=held_out, max_turns=turns, max_new_tokens=tokens))
+    bootstrap = AgentBootstrapConfig(env="lookup", shape="random", expert_tasks=24, check_tasks=1, check_samples=2,
                                      max_turns=turns, max_new_tokens=tokens,
-                                     sft=SFTConfig(lr=3e-4, steps=6, batch_size=4, warmup_steps=2, max_length=1024))
+                                     sft=SFTConfig(lr=3e-4, steps=4, batch_size=4, warmup_steps=1, max_length=1024))
     home, out = tmp_path / "home", tmp_path / "out"
     run = dict(home=str(home), out=str(out), seeds=(0,), config=config, bootstrap=bootstrap, epsilons=(0.03, 0.3),
                arms=("race", "local"), length_penalties=(0.01,), preset="test")
     result = race_ablate(**run)
 
     boot = result["bootstrap"]
-    assert boot["actions"] == "text" and boot["check"]["episodes"] == 4
+    assert boot["actions"] == "text" and boot["check"]["episodes"] == 2
     trained = boot["rounds"][0]
-    assert trained["data"] == "expert" and trained["steps"] == 6 and trained["last_loss"] < trained["first_loss"]
+    assert trained["data"] == "expert" and trained["steps"] == 4 and trained["last_loss"] < trained["first_loss"]
     store = ArtifactStore(str(home / "store"))
     assert result["run"]["inputs"] == [str(path)]
     assert result["epsilon_choice"]["epsilon"] in (0.03, 0.3) and result["epsilon_choice"]["why"]
     assert [(e["arm"], e["seed"]) for e in result["arms"]] == [("race", 0), ("local", 0)]
     for entry in result["arms"]:
-        assert entry["success_rate"] * 4 == round(entry["success_rate"] * 4)  # 4 held-out episodes
+        assert entry["success_rate"] * held_out == round(entry["success_rate"] * held_out)  # per held-out episode
         assert entry["turns_per_episode"] <= turns
 
     # the cross-turn figure, recounted from the inputs and the two covers' stored removals
@@ -110,11 +110,11 @@ def test_the_whole_loop_runs_on_a_real_instruct_model_in_the_multi_turn_world(pr
     assert set(diagnostics) == {"rl seed 0", "grpo seed 0", "grpo+lp0.01 seed 0"}
     for name, (metrics,) in diagnostics.items():  # one iteration each, checked against its stored rollouts
         rollouts = rollouts_from_json(store.get_bytes(metrics["rollouts_object"]).decode())
-        assert metrics["rollouts"] == len(rollouts) == 4
+        assert metrics["rollouts"] == len(rollouts) == 2  # one task, a group of two
         assert all(r.environment == lookup.environment for r in rollouts)
         assert metrics["policy_tokens"] == sum(sum(r.policy_mask) for r in rollouts) > 0
         assert metrics["total_turns"] == sum(len(r.turns) for r in rollouts)
-        assert metrics["success_rate"] == sum(r.success for r in rollouts) / 4
+        assert metrics["success_rate"] == sum(r.success for r in rollouts) / 2
         reasoning_of_successes = sum(r.reasoning_token_count() for r in rollouts if r.success)
         assert 0 <= metrics["masked_tokens"] <= reasoning_of_successes
         assert metrics["closure_terms"] <= sum(len(r.turns) - 1 for r in rollouts if r.success)
