@@ -39,6 +39,14 @@ def pytest_configure(config):
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
+def pytest_collection_modifyitems(session, config, items):
+    """The files holding a `slow` test run first, in their own order: the xdist workers take files as
+    they free up (`--dist loadfile`), and the longest file (the real-model whole loop, a quarter of
+    the suite's work) started last kept one worker busy for minutes after the other had finished."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)  # stable: each file's tests keep their order
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session, exitstatus):
     """Under CI=true a session longer than the budget fails: a slow test is seen the day it lands,
