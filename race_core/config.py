@@ -244,6 +244,12 @@ class EvalConfig:
     sampler: Backend = "hf"  # sampling backend: hf (transformers generate) or vllm
 
 
+# RLConfig fields only the update reads: sampling an iteration plays the policy it is given, so these
+# stay out of the sample stage's key and arms that differ only here (plain GRPO, cover-aware, a
+# length penalty) share an iteration's rollouts from one policy (at iteration 0, the same SFT policy).
+RL_UPDATE_ONLY = frozenset({"clip", "closure_weight", "lr", "weight_decay", "inner_steps", "max_grad_norm",
+                            "cover_aware", "length_penalty", "micro_batch"})
+
 # Fields added after stage keys were first written: left out of a key while at this default, so the
 # keys (and the stored results) of runs that do not set them stay what they were.
 KEY_OPTIONAL = {"local_only": False, "shape": "random", "cover_aware": True, "sample_chunk": 0, "sampler": "hf",

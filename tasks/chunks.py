@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from race_core.config import Resources, RLConfig, from_dict
+from race_core.config import RL_UPDATE_ONLY, Resources, RLConfig, from_dict
 from race_core.envs.calculator import ENV_REVISION
 from race_core.sampling import make_sampler
 from storage import ArtifactStore, stage_key
@@ -38,7 +38,7 @@ CHUNK_STAGE = "sample-chunk"
 def sample_keyed(policy: PolicyRef, config: RLConfig, resources: Resources, iteration: int
                   ) -> tuple[dict[str, Any], dict[str, str]]:
     """The sample stage's keyed config and inputs."""
-    keyed = {k: v for k, v in _rl_keyed(config, resources, iteration).items() if k != "cover_aware"}  # not sampling's
+    keyed = {k: v for k, v in _rl_keyed(config, resources, iteration).items() if k not in RL_UPDATE_ONLY}
     return {**keyed, "env_revision": ENV_REVISION}, {"policy": policy.folder or policy.digest}
 
 

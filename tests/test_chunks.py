@@ -4,10 +4,11 @@ pool's workers (tests/test_scale_out.py) and one process give the same rollouts,
 stage resumes at the first chunk without a manifest. Real tiny policy, real store."""
 
 import logging
+from dataclasses import replace
 
 import pytest
 
-from race_core.config import PipelineConfig, Resources, RLConfig, key_fields
+from race_core.config import RL_UPDATE_ONLY, PipelineConfig, Resources, RLConfig, key_fields
 from race_core.policy import load_policy
 from race_core.rollout import rollouts_from_json, rollouts_to_json, sample_chunks, sample_rollouts
 from storage import ArtifactStore
@@ -56,3 +57,20 @@ def test_chunk_size_is_keyed_only_when_set(smoke_policy):
     assert sample_scope(policy, RLConfig(), Resources(), 0) != sample_scope(policy, RLConfig(sample_chunk=4), Resources(), 0)
     with pytest.raises(ValueError, match="rl.sample_chunk"):
         PipelineConfig(inputs=("x.jsonl",), checkpoint="c", rl=RLConfig(sample_chunk=-1)).check()
+
+
+def test_fields_only_the_update_reads_leave_the_sample_key_and_the_rollouts_alone(smoke_policy):
+    """Issue 35: plain GRPO, cover-aware RL and GRPO with a length penalty play one policy at iteration 0,
+    so they share its rollouts: the fields only the update reads are out of the sample stage's key, and
+    sampling with every one of them changed plays the same rollouts (real tiny policy, one chunk)."""
+    policy = PolicyRef.local(smoke_policy)
+    changed = {"clip": 0.3, "closure_weight": 0.5, "lr": 3e-4, "weight_decay": 0.1, "inner_steps": 2,
+               "max_grad_norm": 0.5, "cover_aware": False, "length_penalty": 0.01, "micro_batch": 2}
+    assert set(changed) == RL_UPDATE_ONLY and all(getattr(CONFIG, k) != v for k, v in changed.items())
+    other = replace(CONFIG, **changed)
+    assert sample_scope(policy, other, Resources(), 0) == sample_scope(policy, CONFIG, Resources(), 0)
+    assert sample_scope(policy, replace(CONFIG, temperature=0.7), Resources(), 0) != sample_scope(
+        policy, CONFIG, Resources(), 0)  # what sampling reads stays keyed
+    model, tokenizer = load_policy(smoke_policy)
+    assert rollouts_to_json(sample_rollouts(model, tokenizer, other, 0, chunk=0)) == rollouts_to_json(
+        sample_rollouts(model, tokenizer, CONFIG, 0, chunk=0))
