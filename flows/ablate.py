@@ -217,8 +217,8 @@ def race_ablate(home: str = ".race", out: str = "runs/ablate", seeds: tuple[int,
     manifests.append(before)
     results: list[dict[str, Any]] = []
     race_policies: dict[int, dict[str, Any]] = {}
-    for arm in (a for a in ARMS if a in arms):
-        for seed in seeds:
+    for seed in seeds:  # seed by seed: a run stopped part way holds every arm at the seeds it finished
+        for arm in (a for a in ARMS if a in arms):
             policy = stage_task("sft")(store, compressed=compressed[arm], base=base, config=replace(config.sft, seed=seed),
                                        resources=resources)
             evaluated = evaluate(store, policy=policy, label=f"{arm} seed {seed}", config=config.evaluate,
@@ -227,6 +227,7 @@ def race_ablate(home: str = ".race", out: str = "runs/ablate", seeds: tuple[int,
             results.append({"arm": arm, "seed": seed, **_metrics(evaluated, policy)})
             if arm == "race":
                 race_policies[seed] = policy
+    results.sort(key=lambda e: (ARMS.index(e["arm"]), seeds.index(e["seed"])))  # the tables' order: arm, then seed
     every = rl_eval_every or config.rl.iterations  # greedy held-out figures: after the last iteration, or every N
     diagnostics: dict[str, list[dict[str, Any]]] = {}
     if config.rl.iterations:

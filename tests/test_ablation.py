@@ -6,6 +6,7 @@ Prefect, real tiny model, real store) caches every arm: a rerun computes nothing
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import pytest
 
@@ -124,6 +125,14 @@ def test_the_ablation_flow_caches_every_arm(prefect_harness, smoke_policy, tmp_p
     run = {"home": str(home), "out": str(out), "seeds": (0, 1), "config": config, "length_penalties": (0.01,),
            "epsilons": (0.1, 0.5, 2.0), "curve": 1}
     first = race_ablate(**run)
+    # seed by seed: every arm of seed 0 is trained before any of seed 1, so a run stopped part way holds
+    # whole seeds (the tables still list arm, then seed)
+    stored = ArtifactStore(str(home / "store"))
+    arm_of = {digest: arm for arm, digest in first["compressed"].items()}
+    trained = sorted((m["created_at"], arm_of[m["inputs"]["compressed"]], m["config"]["seed"])
+                     for m in map(partial(stored.read_manifest, "sft"), stored.list_manifests("sft"))
+                     if m["inputs"]["compressed"] in arm_of)  # the curve's other ε come last, on other data
+    assert [(arm, seed) for _, arm, seed in trained] == [(a, s) for s in (0, 1) for a in ARMS]
     again = race_ablate(**run)
     assert first["computed"] > 0 and again["computed"] == 0
     assert again["arms"] == first["arms"] and again["removed_by_kind"] == first["removed_by_kind"]
