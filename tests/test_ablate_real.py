@@ -108,6 +108,8 @@ def test_the_whole_loop_runs_on_a_real_instruct_model_in_the_multi_turn_world(pr
 
     diagnostics = result["rl_diagnostics"]
     assert set(diagnostics) == {"rl seed 0", "grpo seed 0", "grpo+lp0.01 seed 0"}
+    # one SFT policy at iteration 0, and sampling does not read what tells the three updates apart: one sampling
+    assert len({metrics["rollouts_object"] for (metrics,) in diagnostics.values()}) == 1
     for name, (metrics,) in diagnostics.items():  # one iteration each, checked against its stored rollouts
         rollouts = rollouts_from_json(store.get_bytes(metrics["rollouts_object"]).decode())
         assert metrics["rollouts"] == len(rollouts) == 2  # one task, a group of two
