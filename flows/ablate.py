@@ -126,13 +126,17 @@ def preset_for(checkpoint: str, device: str) -> str:
     return "gpu" if device.startswith("cuda") else "cpu"
 
 
-def _command(home: str, out: str, checkpoint: str, preset: str, epsilons: tuple[float, ...]) -> str:
-    """The `race ablate` line that reruns this ablation (the preset names the rest of the settings)."""
+def _command(home: str, out: str, checkpoint: str, preset: str, epsilons: tuple[float, ...],
+             curve: int | None = None) -> str:
+    """The `race ablate` line that reruns this ablation (the preset names the rest of the settings; `curve`:
+    the curve's ε per side where the run's differs from its preset's)."""
     words = ["race ablate", f"--home {home}", f"--out {out}"]
     if checkpoint:
         words += [f"--checkpoint {checkpoint}", f"--preset {preset}"] if preset else [f"--checkpoint {checkpoint}"]
     if len(epsilons) == 1:
         words.append(f"--epsilon {epsilons[0]:g}")
+    if curve is not None:
+        words.append(f"--curve {curve}")
     return " ".join(words)
 
 
@@ -265,6 +269,7 @@ def race_ablate(home: str = ".race", out: str = "runs/ablate", seeds: tuple[int,
                                  config=config.evaluate, resources=resources)
             manifests += [decided, squeezed, policy, evaluated]
             points.append({"arm": arm, "seed": seeds[0], "epsilon": other, **_metrics(evaluated, policy)})
+    preset_curve = PRESETS[preset].curve if preset in PRESETS else 0
     result = {
         "arms": results,
         "curve": sorted(points, key=lambda p: (p["arm"], p["epsilon"])),  # RACE and local-only at each ε, first seed
@@ -276,7 +281,9 @@ def race_ablate(home: str = ".race", out: str = "runs/ablate", seeds: tuple[int,
         "epsilon_choice": chosen,
         "rl_diagnostics": diagnostics,  # per RL run, per iteration: loss terms, masked tokens, closure terms
         "computed": sum(not m["cached"] for m in manifests),  # stages computed by this run (0: all cached)
-        "run": {"command": _command(home, out, config.checkpoint, preset, epsilons), "preset": preset, "left_out": left_out, "seeds": list(seeds),
+        "run": {"command": _command(home, out, config.checkpoint, preset, epsilons,
+                                    None if curve == preset_curve else curve),
+                "preset": preset, "left_out": left_out, "seeds": list(seeds),
                 "arms": list(arms),
                 "epsilon": eps, "policy_digest": base.digest, "inputs": paths, "store": store,
                 "rl_iterations": config.rl.iterations, "rl_seeds": list(seeds[:rl_seeds] if rl_seeds else seeds),

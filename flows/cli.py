@@ -111,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epsilon", nargs="+", type=float, metavar="EPSILON", dest="epsilons",
                    help="ε of the cover; several: a sweep on the inputs chooses one and says why (default: the "
                         "preset's sweep for a checkpoint, 1e-3 for the tiny policy)")
+    p.add_argument("--curve", type=int, metavar="N",
+                   help="the trade-off curve: RACE and local-only also trained at the sweep's N ε on each side of "
+                        "the chosen one, first seed (default: the preset's; 0: no curve, the run ends after RL)")
     p.add_argument("--recipe", choices=(*RECIPES, "none"),
                    help="how --checkpoint is made a calculator policy first (race bootstrap); none: it plays as it "
                         "is (default: expert-sft, or none when its tokenizer already carries the calculator prompt)")
@@ -337,7 +340,8 @@ def cmd_ablate(args) -> int:
                          input_tasks=args.input_tasks or preset.input_tasks, config=config, bootstrap=bootstrap,
                          epsilons=tuple(args.epsilons or preset.epsilons), arms=arms, preset=preset.name,
                          left_out=preset.left_out, length_penalties=preset.length_penalties,
-                         rl_eval_every=preset.rl_eval_every, curve=preset.curve,
+                         rl_eval_every=preset.rl_eval_every,
+                         curve=preset.curve if args.curve is None else args.curve,
                          rl_seeds=preset.rl_seeds)
     print((Path(args.out) / "report.md").read_text())
     print(f"ablation: {Path(args.out) / 'ablation.json'} ({result['run']['wall_s']} s)")

@@ -94,6 +94,16 @@ def test_the_recorded_command_reruns_the_ablation():
 
     assert _command("h", "o", "ckpt", "cpu", (0.3,)) == "race ablate --home h --out o --checkpoint ckpt --preset cpu --epsilon 0.3"
     assert _command("h", "o", "", "", (0.003, 0.01)) == "race ablate --home h --out o"
+    assert _command("h", "o", "ckpt", "cpu", (), curve=0) == "race ablate --home h --out o --checkpoint ckpt --preset cpu --curve 0"
+
+
+def test_curve_on_the_command_line_overrides_the_presets():
+    """`race ablate --curve 0` skips the trade-off curve a preset runs (a run cut short reports after RL)."""
+    from flows.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["ablate", "--preset", "cpu-lookup", "--curve", "0"]).curve == 0
+    assert parser.parse_args(["ablate", "--preset", "cpu-lookup"]).curve is None  # the preset's own
 
 
 def test_the_curve_takes_the_sweeps_epsilons_nearest_the_chosen_one_on_each_side():
