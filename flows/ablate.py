@@ -127,17 +127,26 @@ def preset_for(checkpoint: str, device: str) -> str:
 
 
 def _command(home: str, out: str, checkpoint: str, preset: str, epsilons: tuple[float, ...],
-             curve: int | None = None) -> str:
-    """The `race ablate` line that reruns this ablation (the preset names the rest of the settings; `curve`:
-    the curve's ε per side where the run's differs from its preset's)."""
+             overrides: tuple[str, ...] = ()) -> str:
+    """The `race ablate` line that reruns this ablation (the preset names the rest of the settings;
+    `overrides`: the options where the run left its preset, `_overrides`)."""
     words = ["race ablate", f"--home {home}", f"--out {out}"]
     if checkpoint:
         words += [f"--checkpoint {checkpoint}", f"--preset {preset}"] if preset else [f"--checkpoint {checkpoint}"]
     if len(epsilons) == 1:
         words.append(f"--epsilon {epsilons[0]:g}")
-    if curve is not None:
-        words.append(f"--curve {curve}")
-    return " ".join(words)
+    return " ".join([*words, *overrides])
+
+
+def _overrides(preset: str, seeds: tuple[int, ...], curve: int, rl_iterations: int) -> tuple[str, ...]:
+    """The options of a run that left its preset where a cut-short run leaves it: fewer seeds, no curve, no RL."""
+    if preset not in PRESETS:
+        return ()
+    given = PRESETS[preset]
+    return tuple(word for word, differs in (
+        ("--seeds " + " ".join(map(str, seeds)), tuple(seeds) != tuple(given.seeds)),
+        (f"--curve {curve}", curve != given.curve),
+        (f"--rl-iterations {rl_iterations}", rl_iterations != given.config.rl.iterations)) if differs)
 
 
 def _metrics(evaluated: dict[str, Any], policy: PolicyRef | dict[str, Any]) -> dict[str, Any]:
@@ -269,7 +278,6 @@ def race_ablate(home: str = ".race", out: str = "runs/ablate", seeds: tuple[int,
                                  config=config.evaluate, resources=resources)
             manifests += [decided, squeezed, policy, evaluated]
             points.append({"arm": arm, "seed": seeds[0], "epsilon": other, **_metrics(evaluated, policy)})
-    preset_curve = PRESETS[preset].curve if preset in PRESETS else 0
     result = {
         "arms": results,
         "curve": sorted(points, key=lambda p: (p["arm"], p["epsilon"])),  # RACE and local-only at each ε, first seed
@@ -282,7 +290,7 @@ def race_ablate(home: str = ".race", out: str = "runs/ablate", seeds: tuple[int,
         "rl_diagnostics": diagnostics,  # per RL run, per iteration: loss terms, masked tokens, closure terms
         "computed": sum(not m["cached"] for m in manifests),  # stages computed by this run (0: all cached)
         "run": {"command": _command(home, out, config.checkpoint, preset, epsilons,
-                                    None if curve == preset_curve else curve),
+                                    _overrides(preset, seeds, curve, config.rl.iterations)),
                 "preset": preset, "left_out": left_out, "seeds": list(seeds),
                 "arms": list(arms),
                 "epsilon": eps, "policy_digest": base.digest, "inputs": paths, "store": store,

@@ -94,7 +94,18 @@ def test_the_recorded_command_reruns_the_ablation():
 
     assert _command("h", "o", "ckpt", "cpu", (0.3,)) == "race ablate --home h --out o --checkpoint ckpt --preset cpu --epsilon 0.3"
     assert _command("h", "o", "", "", (0.003, 0.01)) == "race ablate --home h --out o"
-    assert _command("h", "o", "ckpt", "cpu", (), curve=0) == "race ablate --home h --out o --checkpoint ckpt --preset cpu --curve 0"
+    assert _command("h", "o", "ckpt", "cpu", (), ("--curve 0",)) == \
+        "race ablate --home h --out o --checkpoint ckpt --preset cpu --curve 0"
+
+
+def test_the_recorded_command_names_where_a_run_left_its_preset():
+    """A run cut short (two seeds, no curve, no RL) records the options that rerun exactly it."""
+    from flows.ablate import PRESETS, _overrides
+
+    preset = PRESETS["cpu-lookup"]
+    assert _overrides("cpu-lookup", preset.seeds, preset.curve, preset.config.rl.iterations) == ()
+    assert _overrides("cpu-lookup", (0, 1), 0, 0) == ("--seeds 0 1", "--curve 0", "--rl-iterations 0")
+    assert _overrides("", (0, 1), 0, 0) == ()  # no preset: the flow's own defaults, nothing to name
 
 
 def test_curve_on_the_command_line_overrides_the_presets():
