@@ -33,6 +33,7 @@ from prefect.artifacts import (
 from prefect.cache_policies import NO_CACHE
 
 from race_core.config import CoverConfig, Resources
+from race_core.memory import release_freed_memory
 from race_core.progress import ProgressFigures
 from storage import ArtifactStore
 from tasks import stages
@@ -94,8 +95,12 @@ def _stage_run(stage: Stage) -> Callable[..., dict[str, Any]]:
         stage.check_arguments(arguments)
         progress = _ProgressArtifact(stage.name, stage.progress) if stage.progress and not only_cached else None
         extra = {"on_progress": progress.publish} if progress else {}
-        manifest = stage.function()(ArtifactStore(store_url), **arguments, only_cached=only_cached, force=force,
-                                    **extra)
+        try:
+            manifest = stage.function()(ArtifactStore(store_url), **arguments, only_cached=only_cached,
+                                        force=force, **extra)
+        finally:
+            if stage.gpu:  # its peak (a training step, a batch's cache) is not the next stage's: with freed memory
+                release_freed_memory()  # kept, a flow of many stages held its heap (an ablation's grew to 19.7 GB)
         if progress:
             progress.finish()
         if stage.key is not None:
