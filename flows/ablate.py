@@ -138,13 +138,16 @@ def _command(home: str, out: str, checkpoint: str, preset: str, epsilons: tuple[
     return " ".join([*words, *overrides])
 
 
-def _overrides(preset: str, seeds: tuple[int, ...], curve: int, rl_iterations: int) -> tuple[str, ...]:
-    """The options of a run that left its preset where a cut-short run leaves it: fewer seeds, no curve, no RL."""
+def _overrides(preset: str, seeds: tuple[int, ...], curve: int, rl_iterations: int,
+               arms: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    """The options of a run that left its preset where a cut-short run leaves it: fewer seeds or arms, no
+    curve, no RL."""
     if preset not in PRESETS:
         return ()
     given = PRESETS[preset]
     return tuple(word for word, differs in (
         ("--seeds " + " ".join(map(str, seeds)), tuple(seeds) != tuple(given.seeds)),
+        ("--arms " + " ".join(arms or ()), arms is not None and tuple(arms) != tuple(given.arms)),
         (f"--curve {curve}", curve != given.curve),
         (f"--rl-iterations {rl_iterations}", rl_iterations != given.config.rl.iterations)) if differs)
 
@@ -290,7 +293,7 @@ def race_ablate(home: str = ".race", out: str = "runs/ablate", seeds: tuple[int,
         "rl_diagnostics": diagnostics,  # per RL run, per iteration: loss terms, masked tokens, closure terms
         "computed": sum(not m["cached"] for m in manifests),  # stages computed by this run (0: all cached)
         "run": {"command": _command(home, out, config.checkpoint, preset, epsilons,
-                                    _overrides(preset, seeds, curve, config.rl.iterations)),
+                                    _overrides(preset, seeds, curve, config.rl.iterations, arms)),
                 "preset": preset, "left_out": left_out, "seeds": list(seeds),
                 "arms": list(arms),
                 "epsilon": eps, "policy_digest": base.digest, "inputs": paths, "store": store,

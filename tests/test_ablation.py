@@ -105,6 +105,7 @@ def test_the_recorded_command_names_where_a_run_left_its_preset():
     preset = PRESETS["cpu-lookup"]
     assert _overrides("cpu-lookup", preset.seeds, preset.curve, preset.config.rl.iterations) == ()
     assert _overrides("cpu-lookup", (0, 1), 0, 0) == ("--seeds 0 1", "--curve 0", "--rl-iterations 0")
+    assert _overrides("cpu-lookup", preset.seeds, preset.curve, 2, ("none", "race")) == ("--arms none race",)
     assert _overrides("", (0, 1), 0, 0) == ()  # no preset: the flow's own defaults, nothing to name
 
 
