@@ -7,6 +7,12 @@ sample stage run with `--executor ray`.
 
 With --remove-node, the second node is removed while the cover runs, while its actor holds its first
 shard. Writes what happened to OUT.json.
+
+Which actor starts first, and how many units it does before the other is up, is the loaded host's
+choice: on a CI host busy with other tests one actor did all four shards before the second had
+loaded. So no actor starts a unit until both are ready (`_both_ready_first`, a hold injected
+on purpose through Ray's worker set-up hook, not part of the executor): every node's actor then has
+units to do, in any order.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import tempfile
 import threading
 import time
 
@@ -46,7 +53,9 @@ def main(argv: list[str]) -> int:
     cpus = int(argv[argv.index("--cpus") + 1]) if "--cpus" in argv else 2
     node_args = {"num_cpus": cpus, "object_store_memory": 80 * 2**20}
     cluster = Cluster(initialize_head=True, head_node_args={**node_args, "include_dashboard": False})
-    ray.init(address=cluster.address, log_to_driver=False)  # this driver on the head node, before another joins
+    barrier = tempfile.mkdtemp(prefix="ray-ready-")
+    ray.init(address=cluster.address, log_to_driver=False,  # this driver on the head node, before another joins
+             runtime_env={"worker_process_setup_hook": _both_ready_first(barrier, 2)})
     second = cluster.add_node(**node_args)
     cluster.wait_for_nodes()
     result: dict = {"cluster_s": round(time.monotonic() - started, 1), "log": []}
@@ -90,6 +99,34 @@ def main(argv: list[str]) -> int:
     with open(out, "w") as fh:
         json.dump(result, fh, indent=1)
     return 0
+
+
+def _both_ready_first(barrier: str, actors: int, wait_s: float = 120.0):
+    """Ray's set-up hook of each worker process: the executor's actor marks `barrier` when it is ready,
+    and no unit starts (waiting at most `wait_s`) until `actors` actors have. A hold injected by this
+    test, so that the split of the units between the nodes does not depend on their start times."""
+
+    def hook() -> None:
+        import os
+        import time
+
+        from tasks.executors import ray as executor
+
+        actor, ready, do = executor.UnitActor, executor.UnitActor.ready, executor.UnitActor.do
+
+        def marked_ready(self) -> str:
+            open(os.path.join(barrier, str(os.getpid())), "w").close()
+            return ready(self)
+
+        def held_do(self, unit, force):
+            until = time.monotonic() + wait_s
+            while len(os.listdir(barrier)) < actors and time.monotonic() < until:
+                time.sleep(0.05)
+            return do(self, unit, force)
+
+        actor.ready, actor.do = marked_ready, held_do
+
+    return hook
 
 
 def _remove_when_busy(cluster, node, runner: threading.Thread, log: list[str]) -> str:
