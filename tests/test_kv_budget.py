@@ -94,20 +94,29 @@ def test_the_automatic_budget_is_a_share_of_the_free_memory(tiny_policy):
         HFScorer(model, tokenizer, kv_budget=-1)
 
 
-FREED_THEN_BUDGET = """
+# A fresh process's heap: a phase's 2 GiB used, then freed below a live block, where glibc never trims
+# by itself (its heap holds no free block the live one could take); read on its own resident memory.
+HEAP_PEAK = """
 import ctypes, ctypes.util, resource
-from race_core.memory import automatic_kv_budget, keep_freed_memory
+from race_core.memory import keep_freed_memory
 assert keep_freed_memory()
 libc = ctypes.CDLL(ctypes.util.find_library("c"))
 libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
+above = []
 def resident():
     return int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize()
-blocks = [libc.malloc(2**28) for _ in range(8)]  # 8 x 256 MiB: under the kept threshold, so heap blocks
-for block in blocks:
-    ctypes.memset(block, 1, 2**28)
-above = libc.malloc(2**26)  # a live block above them: the heap's top is not where they are freed
-for block in blocks:
-    libc.free(block)
+def peak():  # 8 x 256 MiB: under the kept threshold, so heap blocks; then a live block above them, then freed
+    blocks = [libc.malloc(2**28) for _ in range(8)]
+    for block in blocks:
+        ctypes.memset(block, 1, 2**28)
+    above.append(libc.malloc(2**26))
+    for block in blocks:
+        libc.free(block)
+"""
+
+FREED_THEN_BUDGET = HEAP_PEAK + """
+from race_core.memory import automatic_kv_budget
+peak()
 kept = resident()
 automatic_kv_budget("cpu")
 print(kept - resident())
@@ -117,9 +126,8 @@ print(kept - resident())
 def test_the_automatic_budget_counts_what_this_process_freed_as_free():
     """With freed memory kept (glibc's thresholds raised), blocks an earlier phase freed stay in the
     process's heap, resident and out of the kernel's MemAvailable, so a budget taken then came out
-    small: the automatic budget hands them back first. In a fresh process (its heap holds no free
-    block the 'above' one could take, so the 2 GiB freed lie below a live block, where glibc never
-    trims by itself), read on its own resident memory, which other processes do not move."""
+    small: the automatic budget hands them back first (HEAP_PEAK: in a fresh process, on its own
+    resident memory, which other processes do not move)."""
     from race_core.memory import keep_freed_memory
 
     if not keep_freed_memory():
@@ -257,24 +265,11 @@ def test_the_memory_bench_reports_peak_rss_and_the_kv_bytes_held_at_the_peak(tin
     assert "| tiny | 3 | 2 | 2 |" in format_rows([row]) and "128.0 KiB" in format_rows([row])
 
 
-STAGE_FREES_THEN_ENDS = """
-import ctypes, ctypes.util, resource
-from race_core.memory import keep_freed_memory
+STAGE_FREES_THEN_ENDS = HEAP_PEAK + """
 from tasks.declarations import Stage
 from tasks.pipeline_tasks import _stage_run
-assert keep_freed_memory()
-libc = ctypes.CDLL(ctypes.util.find_library("c"))
-libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
-above = []
-def resident():
-    return int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize()
-def phase(store, config, only_cached, force):  # a stage's peak: 2 GiB used, then freed below a live block
-    blocks = [libc.malloc(2**28) for _ in range(8)]
-    for block in blocks:
-        ctypes.memset(block, 1, 2**28)
-    above.append(libc.malloc(2**26))
-    for block in blocks:
-        libc.free(block)
+def phase(store, config, only_cached, force):  # a stage's peak
+    peak()
     return {"resident": resident()}
 stage = Stage("toy", 1, (), None, "__main__:phase", gpu=GPU)
 print(_stage_run(stage)("file:///unused", config=None)["resident"] - resident())
