@@ -17,8 +17,12 @@ batches on a CPU spent up to a third of its time there (measured: the 20M model'
 64 x 710 positions at 3,250 tokens/s, 4,890 with freed memory kept; SmolLM2 over 16 x 216 at 656
 and 795). Same-shape repeats hide it (glibc raises its threshold after a free, up to 32 MiB), which
 is why a benchmark's raw forward ran faster than the same layers inside the scorer. Raising the mmap
-and trim thresholds keeps freed blocks in the heap for the next forward: the process's resident
-memory stays at its peak instead of falling back between forwards.
+and trim thresholds keeps freed blocks in the heap for the next forward: the process's resident memory
+stays at its peak instead of falling back between forwards. `release_freed_memory` hands it back after a
+phase whose peak the next will not reach: the bootstrap between training and sampling, the automatic KV
+budget before it reads what is free, and every stage that loads a model (`gpu` in its declaration) when
+it ends (`tasks.pipeline_tasks`), so a process that runs many stages, an ablation's flow, does not hold
+each one's peak (it grew to 19.7 GB and was OOM-killed beside a vLLM engine before).
 """
 
 from __future__ import annotations
