@@ -135,3 +135,8 @@ def keep_freed_memory() -> bool:
             _kept = bool(mallopt(_M_MMAP_THRESHOLD, KEEP_FREED_BYTES)) and bool(
                 mallopt(_M_TRIM_THRESHOLD, KEEP_FREED_BYTES))
     return _kept
+
+
+def freed_memory_kept() -> bool:
+    """Whether `keep_freed_memory` took effect in this process (it is not called here)."""
+    return bool(_kept)

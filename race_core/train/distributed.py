@@ -44,6 +44,8 @@ from typing import Any
 
 import torch
 
+from race_core.memory import freed_memory_kept, release_freed_memory
+
 logger = logging.getLogger(__name__)
 
 LATEST = "latest.json"
@@ -234,7 +236,15 @@ class TrainRun:
         return step, latest["history"]
 
     def after_step(self, step: int, total: int, history: dict[str, Any]) -> None:
-        """Called by every process after optimizer step `step` (1-based): saves the state on schedule."""
+        """Called by every process after optimizer step `step` (1-based): saves the state on schedule.
+        On a CPU whose process keeps freed memory (`race_core.memory`), the step's freed activations
+        go back to the kernel: batches of changing lengths fragment a heap that is never trimmed, and
+        the bootstrap's SFT on SmolLM2 (micro-batches of 4 episodes of 300-1,024 tokens, bf16
+        autocast) grew to 24 GB and was OOM-killed at step 61 of 64. Trimmed after each step, its
+        micro-steps peaked at 10.5 GB where kept they had reached 14.6 GB after 16 and kept growing,
+        for 14% more time (41% more without keeping freed memory at all)."""
+        if self.device.type == "cpu" and freed_memory_kept():
+            release_freed_memory()
         every, folder = self.options.save_every, self.options.state_dir
         if folder and every and step % every == 0 and step < total:
             name = f"step-{step:08d}"
