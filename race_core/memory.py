@@ -101,13 +101,16 @@ def automatic_kv_budget(device: str) -> int:
     return int(KV_MEMORY_SHARE * available_memory(device))
 
 
-def release_freed_memory() -> bool:
+def release_freed_memory(collect: bool = True) -> bool:
     """Hand the heap's free memory back to the kernel now (glibc's `malloc_trim(0)`), after a phase
     whose peak the next one will not reach again (training, before sampling): with
-    `keep_freed_memory` the heap otherwise stays at that peak. False where it does not apply."""
+    `keep_freed_memory` the heap otherwise stays at that peak. `collect`: Python's cycle collector
+    runs first (a tenth of a second in a process that imported transformers; a training step's
+    activations are freed without it). False where it does not apply."""
     import gc
 
-    gc.collect()
+    if collect:
+        gc.collect()
     try:
         trim = ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim
     except (OSError, AttributeError, TypeError):
