@@ -20,9 +20,10 @@ is why a benchmark's raw forward ran faster than the same layers inside the scor
 and trim thresholds keeps freed blocks in the heap for the next forward: the process's resident memory
 stays at its peak instead of falling back between forwards. `release_freed_memory` hands it back after a
 phase whose peak the next will not reach: the bootstrap between training and sampling, the automatic KV
-budget before it reads what is free, and every stage that loads a model (`gpu` in its declaration) when
-it ends (`tasks.pipeline_tasks`), so a process that runs many stages, an ablation's flow, does not hold
-each one's peak (it grew to 19.7 GB and was OOM-killed beside a vLLM engine before).
+budget before it reads what is free, a CPU training run after each optimizer step (batches of changing
+lengths fragment a heap never trimmed), and every stage that loads a model (`gpu` in its declaration)
+when it ends (`tasks.pipeline_tasks`), so a process that runs many stages, an ablation's flow, does not
+hold each one's peak (it grew to 19.7 GB and was OOM-killed beside a vLLM engine before).
 """
 
 from __future__ import annotations
@@ -103,10 +104,11 @@ def automatic_kv_budget(device: str) -> int:
 
 def release_freed_memory(collect: bool = True) -> bool:
     """Hand the heap's free memory back to the kernel now (glibc's `malloc_trim(0)`), after a phase
-    whose peak the next one will not reach again (training, before sampling): with
-    `keep_freed_memory` the heap otherwise stays at that peak. `collect`: Python's cycle collector
-    runs first (a tenth of a second in a process that imported transformers; a training step's
-    activations are freed without it). False where it does not apply."""
+    whose peak the next one will not reach again (training, before sampling), or whose freed blocks
+    the next would only fragment (a training step): with `keep_freed_memory` the heap otherwise stays
+    at that peak. `collect`: Python's cycle collector runs first (a tenth of a second in a process
+    that imported transformers; a training step's activations are freed without it). False where it
+    does not apply."""
     import gc
 
     if collect:
