@@ -54,6 +54,38 @@ def test_scorer_equals_plain_forward_over_cover_like_rounds(tiny_policy, expert_
         assert scorer.stats.tokens_reused == 0
 
 
+@pytest.mark.parametrize("in_place", [True, False], ids=["prefix-in-place", "prefix-copied"])
+def test_a_cover_leaves_no_tensor_to_the_cyclic_collector(tiny_policy, expert_trajectories, in_place):
+    """Every batch's cache goes when the batch ends, by reference counting: a tensor in a reference
+    cycle waits for Python's cyclic collector, which runs by counts of Python objects, not bytes. The
+    in-place cache's layers once pointed back at their cache (measured on the 20M model, N=64, T=8:
+    RSS 4.7, 10.4, 13.1 GiB after three covers in one process, the second 30% slower; 4.3-5.1 GiB
+    with no cycle)."""
+    import gc
+
+    from race_core.cover import logic_cover
+
+    model, tokenizer = tiny_policy
+    gc.collect()
+    flags = gc.get_debug()
+    gc.disable()
+    try:
+        scorer = HFScorer(model, tokenizer, batch_size=4, prefix_in_place=in_place)
+        assert scorer.in_place == in_place
+        logic_cover(list(expert_trajectories[:6]), scorer, 0.5)
+        assert scorer.stats.tokens_reused > 0
+        del scorer
+        gc.set_debug(gc.DEBUG_SAVEALL)  # what the collector finds stays in gc.garbage to be looked at
+        gc.collect()
+        cyclic = [o for o in gc.garbage if isinstance(o, torch.Tensor)]
+        kinds = sorted({type(o).__name__ for o in gc.garbage})
+    finally:
+        gc.set_debug(flags)
+        gc.garbage.clear()
+        gc.enable()
+    assert not cyclic, f"{len(cyclic)} tensors left in reference cycles among {kinds}"
+
+
 def test_prefix_reuse_feeds_only_the_suffix(tiny_policy, expert_trajectories):
     model, tokenizer = tiny_policy
     with_reuse, without = (HFScorer(model, tokenizer, prefix_reuse=flag) for flag in (True, False))

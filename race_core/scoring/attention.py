@@ -100,42 +100,17 @@ def prefix_attention(module, query: torch.Tensor, key: torch.Tensor, value: torc
 AttentionInterface.register(NAME, prefix_attention)
 
 
-class NewTokensLayer(DynamicLayer):
-    """One layer of a `NewTokensCache`: returns the batch's new keys/values as computed (the new part
-    of `prefix_attention` reads them), and writes each row's real positions into that row's own
-    tensor (the cache write every path makes; nothing is copied again to keep them)."""
+class RowsWritten:
+    """The rows' own tensors of a `NewTokensCache` (`rows`, or per-layer `pairs`), filled layer by
+    layer. Its layers write here, not through the cache: a layer holding its cache would make a
+    reference cycle, and every batch's cache, with its layers' whole-batch keys/values, would wait
+    for Python's cyclic collector instead of going when the batch ends (gigabytes of dead caches
+    on a long cover, and fresh pages for every batch after)."""
 
-    def __init__(self, cache: NewTokensCache, layer: int):
-        super().__init__()
-        self.cache, self.layer = cache, layer
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.is_initialized:
-            raise RuntimeError("the in-place prefix attention feeds a batch's new tokens in one call")
-        self.cache.write(self.layer, key_states, value_states)
-        self.keys, self.values = key_states, value_states
-        self.dtype, self.device, self.is_initialized = key_states.dtype, key_states.device, True
-        return key_states, value_states
-
-    def get_seq_length(self) -> int:
-        return self.cache.past + (self.keys.shape[-2] if self.is_initialized else 0)
-
-
-class NewTokensCache(DynamicCache):
-    """The cache of a batch whose prefixes are read in place: per row, a tensor [layers, 2, kv heads,
-    fed, dim] of its fed positions' keys/values (`rows`, filled layer by layer), which the scorer keeps
-    as that row's segment as is; a layer whose keys and values differ in shape (latent attention)
-    keeps per-layer pairs (`rows` None, `pairs` instead)."""
-
-    copied = 0  # bytes copied into it from the kept segments: none
-
-    def __init__(self, layers: int, past: int, fed: Sequence[int]):
-        super().__init__()
-        self.past, self.fed, self.count = past, list(fed), layers
+    def __init__(self, layers: int, fed: Sequence[int]):
+        self.fed, self.count = list(fed), layers
         self.rows: list[torch.Tensor] | None = None
         self.pairs: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in fed]
-        self.layers = [NewTokensLayer(self, layer) for layer in range(layers)]
 
     def write(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
         if layer == 0:
@@ -149,9 +124,50 @@ class NewTokensCache(DynamicCache):
             else:
                 self.pairs[b].append((keys[b, :, :n].clone(), values[b, :, :n].clone()))
 
+
+class NewTokensLayer(DynamicLayer):
+    """One layer of a `NewTokensCache`: returns the batch's new keys/values as computed (the new part
+    of `prefix_attention` reads them), and writes each row's real positions into that row's own
+    tensor (the cache write every path makes; nothing is copied again to keep them)."""
+
+    def __init__(self, written: RowsWritten, past: int, layer: int):
+        super().__init__()
+        self.written, self.past, self.layer = written, past, layer
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.is_initialized:
+            raise RuntimeError("the in-place prefix attention feeds a batch's new tokens in one call")
+        self.written.write(self.layer, key_states, value_states)
+        self.keys, self.values = key_states, value_states
+        self.dtype, self.device, self.is_initialized = key_states.dtype, key_states.device, True
+        return key_states, value_states
+
+    def get_seq_length(self) -> int:
+        return self.past + (self.keys.shape[-2] if self.is_initialized else 0)
+
+
+class NewTokensCache(DynamicCache):
+    """The cache of a batch whose prefixes are read in place: per row, a tensor [layers, 2, kv heads,
+    fed, dim] of its fed positions' keys/values (`rows`, filled layer by layer), which the scorer keeps
+    as that row's segment as is; a layer whose keys and values differ in shape (latent attention)
+    keeps per-layer pairs (`rows` None, `pairs` instead). No part of it refers back to it (`RowsWritten`)."""
+
+    copied = 0  # bytes copied into it from the kept segments: none
+
+    def __init__(self, layers: int, past: int, fed: Sequence[int]):
+        super().__init__()
+        self.past = past
+        self.written = RowsWritten(layers, fed)
+        self.layers = [NewTokensLayer(self.written, past, layer) for layer in range(layers)]
+
+    @property
+    def rows(self) -> list[torch.Tensor] | None:
+        return self.written.rows
+
     def row(self, b: int) -> torch.Tensor | list[tuple[torch.Tensor, torch.Tensor]]:
         """Row b's keys/values of its fed positions, as a segment holds them."""
-        return self.rows[b] if self.rows is not None else self.pairs[b]
+        return self.written.rows[b] if self.written.rows is not None else self.written.pairs[b]
 
 
 @contextmanager
