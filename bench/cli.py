@@ -114,6 +114,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", action="store_true",
                    help="then one more hf cover under torch.profiler: each forward's time by part (bench/profile.py)")
     p.add_argument("--no-early-reject", action="store_true", help="skip the early-rejection runs")
+    p.add_argument("--no-warm-cover", action="store_true",
+                   help="skip the untimed hf cover of the whole workload before the timed methods (then the "
+                        "first timed method grows the process's heap for the others)")
     p.add_argument("--demo-data", type=int, default=BenchOptions.demo_data, help="expert trajectories for early rejection (0 = skip)")
     p.add_argument("--epsilon", type=float, default=DEFAULT_EPSILON)
     p.add_argument("--cache-dir", default=BenchOptions.cache_dir, help="where the checkpoints are built")
@@ -140,7 +143,8 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
                         full_forward_subset=args.full_forward_subset, naive=not args.no_naive, vllm=args.vllm,
                         early_reject=not args.no_early_reject, epsilon=args.epsilon, cache_dir=args.cache_dir,
                         demo_data=args.demo_data, checkpoint=args.checkpoint, input=args.input, limit=args.limit,
-                        device=args.device, dtype=args.dtype, repeats=args.repeats, profile=args.profile)
+                        device=args.device, dtype=args.dtype, repeats=args.repeats, profile=args.profile,
+                        warm_cover=not args.no_warm_cover)
 
 
 def cmd_bench_scoring(args: argparse.Namespace) -> int:

@@ -97,6 +97,9 @@ class BenchOptions:
     dtype: str = "float32"
     repeats: int = 1  # hf, hf+early-reject and full-forward: the fastest of this many runs is reported
     profile: bool = False  # after the timed methods, one more hf cover under torch.profiler (bench.profile)
+    # before the timed methods, one untimed hf cover of the whole workload: the process's heap grows to
+    # the cover's footprint there (fresh, zero-filled pages), as the raw forward of the bound is timed warm
+    warm_cover: bool = True
 
 
 @dataclass
@@ -113,19 +116,29 @@ class MethodRun:
     scorer_facts: dict[str, Any] = field(default_factory=dict)  # hf: the forward overhead its batch plan used
 
 
+def page_faults() -> int | None:
+    """This process's minor page faults so far (pages it touched first); None where not counted."""
+    try:
+        import resource
+    except ImportError:  # not a Unix
+        return None
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def run_method(name: str, scorer: Scorer, trajectories: Sequence[Trajectory], n_total: int,
                epsilon: float, early_reject: bool = False) -> MethodRun:
-    before = scorer.stats.work()
+    before, faults = scorer.stats.work(), page_faults()
     start, cpu = time.perf_counter(), time.process_time()
     results = logic_cover(trajectories, scorer, epsilon, early_reject=early_reject)
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    faults = page_faults() - faults if faults is not None else None
     scale = n_total / len(trajectories)
     work = (scorer.stats.work() - before).counts()
     facts = {k: scorer.stats.extra[k] for k in ("forward_overhead", "overhead_measured", "freed_memory_kept",
                                                "prefix_in_place")
              if k in scorer.stats.extra}
     return MethodRun(name, wall * scale, cpu * scale, round(work["tokens_processed"] * scale),
-                     len(trajectories), results, work=work, scorer_facts=facts)
+                     len(trajectories), results, work=work, scorer_facts={**facts, "page_faults": faults})
 
 
 def fastest_run(repeats: int, run: Callable[[], MethodRun]) -> MethodRun:
@@ -246,6 +259,13 @@ def bench_methods(tag: str, checkpoint: Path, model, tokenizer, renderer: Render
     short = [replace(t, turns=t.turns[:3]) for t in trajectories[:2]]
     logic_cover(short, scorer(batch_size=options.batch_size), options.epsilon)
     logic_cover(short[:1], scorer(batch_size=1, prefix_reuse=False), options.epsilon)
+    warm_up = {}
+    if options.warm_cover:  # the whole workload once, so that no timed method grows the heap for the others
+        first = run_method("hf", scorer(batch_size=options.batch_size), trajectories, n, options.epsilon)
+        warm_up = {"method": "hf", "wall_s": first.wall_s, "cpu_s": first.cpu_s,
+                   "page_faults": first.scorer_facts["page_faults"]}
+        logger.info(f"[{tag}] warm-up: hf's first cover of the workload {first.wall_s:.2f}s "
+                    f"({warm_up['page_faults'] or 0:,} page faults), not timed")
 
     runs: list[MethodRun] = []
     repeats = options.repeats
@@ -322,7 +342,8 @@ def bench_methods(tag: str, checkpoint: Path, model, tokenizer, renderer: Render
                       "measured": "the fastest of the raw forwards timed just before each method "
                                   "(each method's own: forward_tokens_per_s_before)"},
             "accepted_removals": accepted_removals(reference), "candidates": candidate_count(reference),
-            "decisions_compared": comparison, "decisions_identical": identical, "notes": notes, **profiled}
+            "decisions_compared": comparison, "decisions_identical": identical, "notes": notes,
+            "warm_up": warm_up, **profiled}
 
 
 def attention_bound(model, renderer: Renderer, trajectories: Sequence[Trajectory], results: Sequence[CoverResult],
