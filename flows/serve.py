@@ -83,7 +83,9 @@ def serve_deployments(nightly: NightlyConfig, cron: str = NIGHTLY_CRON, limit: i
     Prefect's runner stops (after pausing the deployments) when its polling for scheduled runs
     fails a few times in a row, i.e. after about a minute without the server. Then this waits for
     the server to answer and serves again (registering the deployments again, unpaused), so a
-    server restart of any length is survived; an error while the server answers is raised."""
+    server restart of any length is survived. The runner takes a while to stop, so the server may
+    answer again by the time its error arrives: an error is raised only when the server answers and
+    the error is not one of losing it (`server_was_lost`)."""
     from prefect import serve
 
     keep_watching_for_cancellation()
@@ -91,8 +93,8 @@ def serve_deployments(nightly: NightlyConfig, cron: str = NIGHTLY_CRON, limit: i
     while True:
         try:
             serve(*map(runner_deployment, declared(nightly, cron)), limit=limit)
-        except Exception as exc:  # noqa: BLE001 - re-raised unless the server is away
-            if api_answers():
+        except Exception as exc:  # noqa: BLE001 - re-raised unless the server is or was away
+            if api_answers() and not server_was_lost(exc):
                 raise
             logger.warning(f"race serve: lost the Prefect server ({type(exc).__name__}); serving again once it answers")
         else:
@@ -102,6 +104,27 @@ def serve_deployments(nightly: NightlyConfig, cron: str = NIGHTLY_CRON, limit: i
         while not api_answers():
             time.sleep(5)
         logger.info("race serve: the Prefect server answers again; serving")
+
+
+def server_was_lost(exc: BaseException) -> bool:
+    """Whether `exc` (an exception group, or an error raised while handling another) comes from the
+    Prefect server going away: a failed connection anywhere in it, or a Prefect service loop that gave
+    up after its consecutive failures ("Service exceeded error threshold")."""
+    import httpx
+
+    seen: set[int] = set()
+    todo: list[BaseException] = [exc]
+    while todo:
+        error = todo.pop()
+        if id(error) in seen:
+            continue
+        seen.add(id(error))
+        if isinstance(error, (httpx.TransportError, ConnectionError)) or (
+                isinstance(error, RuntimeError) and "exceeded error threshold" in str(error)):
+            return True
+        todo.extend(getattr(error, "exceptions", ()))
+        todo.extend(e for e in (error.__cause__, error.__context__) if e is not None)
+    return False
 
 
 def api_answers() -> bool:

@@ -29,6 +29,39 @@ def healthy(api):
         return False
 
 
+def test_an_error_of_losing_the_server_is_told_from_one_that_is_not():
+    """`race serve` serves again after the runner stops for losing the server even when the server
+    answers by the time the runner's error arrives (seen in CI: the runner's scheduled-run polling gave
+    up while the test restarted the server, the error came after, and `race serve` raised it and exited)."""
+    import builtins
+
+    import httpx
+    from prefect.utilities.services import critical_service_loop
+
+    from flows.serve import server_was_lost
+
+    # built in from 3.11; anyio raises the backport's on 3.10
+    group = getattr(builtins, "ExceptionGroup", None) or pytest.importorskip("exceptiongroup").ExceptionGroup
+
+    async def refused():
+        raise httpx.ConnectError("All connection attempts failed")
+
+    with pytest.raises(RuntimeError) as gave_up:  # Prefect's own service loop, giving up as the runner's does
+        asyncio.run(critical_service_loop(refused, interval=0, consecutive=2, printer=lambda *_: None))
+    assert "exceeded error threshold" in str(gave_up.value)
+    nested = group("runner", [group("poller", [gave_up.value])])
+    assert server_was_lost(nested)
+    try:
+        try:
+            raise httpx.ConnectError("refused")
+        except httpx.ConnectError:
+            raise RuntimeError("while registering the deployments")  # noqa: B904 - the context is the point
+    except RuntimeError as during:
+        assert server_was_lost(group("runner", [during]))
+    assert not server_was_lost(group("runner", [ValueError("bad deployment parameters")]))
+    assert not server_was_lost(RuntimeError("a flow's own error"))
+
+
 def fault_seen(log: str) -> bool:
     return "cancellation polling failed" in log or "lost the Prefect server" in log
 
