@@ -32,7 +32,6 @@ without a template) and recorded with the cover's decisions (`render_mode`).
 
 from __future__ import annotations
 
-import bisect
 import json
 import logging
 import re
@@ -262,9 +261,9 @@ class Tokens:
     """Ids of rendered segments: per token its (turn, role), and the [start, end) token range of
     every segment (the tokens that overlap its characters)."""
 
-    ids: list[int]
-    turns: list[int]
-    roles: list[int]
+    ids: np.ndarray
+    turns: np.ndarray
+    roles: np.ndarray
     spans: list[tuple[int, int]]
 
 
@@ -442,9 +441,15 @@ class Renderer:
         """The tokenizer's ids of `text` on its own (no special tokens added; cached)."""
         return self._encode(text)
 
-    def _piece_uncached(self, text: str) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
+    def _piece_uncached(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        """The ids of `text` and each id's [start, end) characters (at least one character: a token
+        the tokenizer maps to none is given the one after its start)."""
         encoding = self._backend.encode(text, add_special_tokens=False)
-        return tuple(encoding.ids), tuple(encoding.offsets)
+        ids = np.asarray(encoding.ids, dtype=np.int64)
+        offsets = np.asarray(encoding.offsets, dtype=np.int64).reshape(len(ids), 2)
+        offsets[:, 1] = np.maximum(offsets[:, 1], offsets[:, 0] + 1)
+        ids.flags.writeable = offsets.flags.writeable = False  # cached: shared by every text holding the piece
+        return ids, offsets
 
     def _pieces(self, text: str) -> Iterable[tuple[int, str]]:
         """(start, piece) cuts of `text` right after each added token."""
@@ -457,39 +462,43 @@ class Renderer:
             yield start, text[start:]
 
     def tokenize(self, segments: Sequence[Segment]) -> Tokens:
-        """Ids of the concatenated segments with per-token tags (see the module docstring)."""
+        """Ids of the concatenated segments with per-token tags (see the module docstring), computed
+        over arrays: a cover renders every candidate, hundreds of thousands of tokens a shard."""
         if self.tokenization == SEGMENTS:
             return self._tokenize_segments(segments)
-        starts, text_parts = [], []
-        position = 0
-        for text, _, _ in segments:
-            starts.append(position)
-            text_parts.append(text)
-            position += len(text)
-        text = "".join(text_parts)
-        ids: list[int] = []
-        turns: list[int] = []
-        roles: list[int] = []
-        spans = [[-1, -1] for _ in segments]
-        for offset, piece in self._pieces(text):
-            piece_ids, offsets = self._piece(piece)
-            for token, (s, e) in zip(piece_ids, offsets, strict=True):
-                s, e = s + offset, max(e, s + 1) + offset
-                k = bisect.bisect_right(starts, e - 1) - 1
-                while k > 0 and not segments[k][0]:
-                    k -= 1  # an empty segment owns no character
-                index = len(ids)
-                ids.append(token)
-                turns.append(segments[k][1])
-                roles.append(int(segments[k][2]))
-                first = bisect.bisect_right(starts, s) - 1
-                for j in range(max(first, 0), k + 1):  # every segment the token overlaps
-                    if segments[j][0] and starts[j] < e and starts[j] + len(segments[j][0]) > s:
-                        if spans[j][0] < 0:
-                            spans[j][0] = index
-                        spans[j][1] = index + 1
-        return Tokens(ids, turns, roles, [(a, b) if a >= 0 else (_after(spans, j), _after(spans, j))
-                                          for j, (a, b) in enumerate(spans)])
+        lengths = np.fromiter((len(text) for text, _, _ in segments), dtype=np.int64, count=len(segments))
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        pieces = [(offset, *self._piece(piece)) for offset, piece in self._pieces("".join(t for t, _, _ in segments))]
+        if pieces:
+            ids = np.concatenate([piece_ids for _, piece_ids, _ in pieces])
+            offsets = np.concatenate([piece_offsets + offset for offset, _, piece_offsets in pieces])
+        else:
+            ids, offsets = np.zeros(0, dtype=np.int64), np.zeros((0, 2), dtype=np.int64)
+        first, last = offsets[:, 0], offsets[:, 1]  # each token's characters [first, last)
+        # The token's tags are those of the segment holding its last character (an empty one owns none).
+        index = np.arange(len(segments))
+        owner = np.maximum.accumulate(np.where(lengths > 0, index, 0)) if len(segments) else index
+        tagged = owner[np.searchsorted(starts, last - 1, side="right") - 1]
+        seg_turns = np.fromiter((turn for _, turn, _ in segments), dtype=np.int64, count=len(segments))
+        seg_roles = np.fromiter((int(role) for _, _, role in segments), dtype=np.int64, count=len(segments))
+        # A segment's span: the tokens that overlap its characters. Each token is checked against the
+        # segments from the one holding its first character to its tag's (nearly always one or two).
+        low = np.searchsorted(starts, first, side="right") - 1
+        count = np.maximum(tagged - low + 1, 0)
+        token = np.repeat(np.arange(len(ids)), count)
+        segment = np.repeat(low, count) + (np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count))
+        overlap = (lengths[segment] > 0) & (starts[segment] < last[token]) & (starts[segment] + lengths[segment] > first[token])
+        token, segment = token[overlap], segment[overlap]
+        span_start = np.full(len(segments), len(ids), dtype=np.int64)
+        span_end = np.full(len(segments), -1, dtype=np.int64)
+        np.minimum.at(span_start, segment, token)
+        np.maximum.at(span_end, segment, token + 1)
+        found = span_end >= 0
+        # An empty span sits after the last token of the segments before it.
+        after = np.concatenate([[0], np.maximum.accumulate(np.where(found, span_end, 0))[:-1]])[:len(segments)]
+        spans = [(int(a), int(b)) if ok else (int(e), int(e))
+                 for a, b, ok, e in zip(span_start, span_end, found, after, strict=True)]
+        return Tokens(ids, seg_turns[tagged], seg_roles[tagged], spans)
 
     def _tokenize_segments(self, segments: Sequence[Segment]) -> Tokens:
         ids: list[int] = []
@@ -502,7 +511,8 @@ class Renderer:
             ids.extend(piece)
             turns.extend([turn] * len(piece))
             roles.extend([int(role)] * len(piece))
-        return Tokens(ids, turns, roles, spans)
+        return Tokens(np.asarray(ids, dtype=np.int64), np.asarray(turns, dtype=np.int64),
+                      np.asarray(roles, dtype=np.int64), spans)
 
     # -- rendering ------------------------------------------------------------------------------
     def segments(self, question: str, turns: Sequence[Turn], open_next: bool = False, system: str = "",
@@ -571,9 +581,9 @@ class Renderer:
         action_spans = tuple((a + shift, b + shift) for k, (a, b) in enumerate(tokens.spans)
                              if segments[k][2] == Role.ACTION)
         return Rendered(
-            input_ids=np.asarray(bos + tokens.ids, dtype=np.int64),
-            turns=np.asarray([-1] * shift + tokens.turns, dtype=np.int32),
-            roles=np.asarray([int(Role.CONTEXT)] * shift + tokens.roles, dtype=np.int8),
+            input_ids=np.concatenate([np.asarray(bos, dtype=np.int64), tokens.ids]),
+            turns=np.concatenate([np.full(shift, -1), tokens.turns]).astype(np.int32),
+            roles=np.concatenate([np.full(shift, int(Role.CONTEXT)), tokens.roles]).astype(np.int8),
             turn_starts=turn_starts,
             action_spans=action_spans,
         )
@@ -583,7 +593,7 @@ class Renderer:
         """Ids of the context in which the policy writes the next turn: the history (each past
         turn with its observation), then the assistant opening, ending right before `<think>`."""
         segments = self.segments(question, turns, open_next=bool(turns), system=system, tools=tools)
-        return list(self.bos_ids) + self.tokenize(segments).ids
+        return list(self.bos_ids) + self.tokenize(segments).ids.tolist()
 
     @property
     def open_ids(self) -> tuple[int, ...]:
@@ -620,11 +630,6 @@ class Renderer:
                     removed.turn_starts[t] != start:
                 return f"removing turn {t}'s reasoning changes the ids before it"
         return None
-
-
-def _after(spans: list[list[int]], j: int) -> int:
-    """The token index where an empty segment sits: after the last token of the segments before it."""
-    return max((b for a, b in spans[:j] if a >= 0), default=0)
 
 
 def _offsets_backend(tokenizer):

@@ -84,6 +84,10 @@ def check_canonical(renderer, question, turns):
         a, b = starts[k], starts[k + 1]
         overlapping = [i + len(bos) for i, (s, e) in enumerate(ranges) if s < b and e > a]
         assert list(range(*rendered.action_spans[t])) == overlapping, (t, turns[t].action)
+    # Each token's (turn, role) is its last character's segment's (an empty segment holds none).
+    for i, (_, e) in enumerate(ranges):
+        k = max(j for j, (s, _, _) in enumerate(segments) if s and starts[j] <= e - 1)
+        assert (rendered.turns[len(bos) + i], rendered.roles[len(bos) + i]) == (segments[k][1], segments[k][2]), i
     for t in range(len(turns)):
         start = rendered.turn_starts[t]
         assert renderer.prompt_ids(question, turns[:t]) == ids[:start]
