@@ -85,7 +85,7 @@ def serve_deployments(nightly: NightlyConfig, cron: str = NIGHTLY_CRON, limit: i
     the server to answer and serves again (registering the deployments again, unpaused), so a
     server restart of any length is survived. The runner takes a while to stop, so the server may
     answer again by the time its error arrives: an error is raised only when the server answers and
-    the error is not one of losing it (`server_was_lost`)."""
+    the error is not one of losing it (`server_loss`)."""
     from prefect import serve
 
     keep_watching_for_cancellation()
@@ -94,9 +94,11 @@ def serve_deployments(nightly: NightlyConfig, cron: str = NIGHTLY_CRON, limit: i
         try:
             serve(*map(runner_deployment, declared(nightly, cron)), limit=limit)
         except Exception as exc:  # noqa: BLE001 - re-raised unless the server is or was away
-            if api_answers() and not server_was_lost(exc):
+            lost = server_loss(exc)
+            if api_answers() and lost is None:
                 raise
-            logger.warning(f"race serve: lost the Prefect server ({type(exc).__name__}); serving again once it answers")
+            cause = f"{type(lost).__name__}: {lost}" if lost is not None else type(exc).__name__
+            logger.warning(f"race serve: lost the Prefect server ({cause}); serving again once it answers")
         else:
             if api_answers():
                 return  # stopped on purpose
@@ -106,10 +108,11 @@ def serve_deployments(nightly: NightlyConfig, cron: str = NIGHTLY_CRON, limit: i
         logger.info("race serve: the Prefect server answers again; serving")
 
 
-def server_was_lost(exc: BaseException) -> bool:
-    """Whether `exc` (an exception group, or an error raised while handling another) comes from the
-    Prefect server going away: a failed connection anywhere in it, or a Prefect service loop that gave
-    up after its consecutive failures ("Service exceeded error threshold")."""
+def server_loss(exc: BaseException) -> BaseException | None:
+    """The error within `exc` (an exception group, or an error raised while handling another) that
+    says the Prefect server went away, or None: a failed connection anywhere in it, or a Prefect
+    service loop that gave up after its consecutive failures ("Service exceeded error threshold").
+    The warning names it: the runner's own error is an exception group that says nothing."""
     import httpx
 
     seen: set[int] = set()
@@ -121,10 +124,10 @@ def server_was_lost(exc: BaseException) -> bool:
         seen.add(id(error))
         if isinstance(error, (httpx.TransportError, ConnectionError)) or (
                 isinstance(error, RuntimeError) and "exceeded error threshold" in str(error)):
-            return True
+            return error
         todo.extend(getattr(error, "exceptions", ()))
         todo.extend(e for e in (error.__cause__, error.__context__) if e is not None)
-    return False
+    return None
 
 
 def api_answers() -> bool:

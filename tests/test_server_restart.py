@@ -38,7 +38,7 @@ def test_an_error_of_losing_the_server_is_told_from_one_that_is_not():
     import httpx
     from prefect.utilities.services import critical_service_loop
 
-    from flows.serve import server_was_lost
+    from flows.serve import server_loss
 
     # built in from 3.11; anyio raises the backport's on 3.10
     group = getattr(builtins, "ExceptionGroup", None) or pytest.importorskip("exceptiongroup").ExceptionGroup
@@ -50,16 +50,17 @@ def test_an_error_of_losing_the_server_is_told_from_one_that_is_not():
         asyncio.run(critical_service_loop(refused, interval=0, consecutive=2, printer=lambda *_: None))
     assert "exceeded error threshold" in str(gave_up.value)
     nested = group("runner", [group("poller", [gave_up.value])])
-    assert server_was_lost(nested)
+    assert server_loss(nested) is gave_up.value  # the one the warning names
     try:
         try:
             raise httpx.ConnectError("refused")
-        except httpx.ConnectError:
+        except httpx.ConnectError as refused_error:
+            cause = refused_error
             raise RuntimeError("while registering the deployments")  # noqa: B904 - the context is the point
     except RuntimeError as during:
-        assert server_was_lost(group("runner", [during]))
-    assert not server_was_lost(group("runner", [ValueError("bad deployment parameters")]))
-    assert not server_was_lost(RuntimeError("a flow's own error"))
+        assert server_loss(group("runner", [during])) is cause
+    assert server_loss(group("runner", [ValueError("bad deployment parameters")])) is None
+    assert server_loss(RuntimeError("a flow's own error")) is None
 
 
 def fault_seen(log: str) -> bool:
