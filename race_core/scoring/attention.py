@@ -21,7 +21,8 @@ attention implementation registered here (`NAME`) runs SDPA unchanged outside it
 transformers would build is skipped (an implementation without a registered mask function gets
 none). Grouped-query attention: the query heads that share a key/value head are stacked along the
 query axis for the prefix part (a prefix query sees every key, so their order does not matter), so
-the prefix is never expanded to all heads; the new part expands only the new tokens' keys.
+the prefix is never expanded to all heads; the new part passes the key/value heads as they are (the CPU
+flash kernel maps query head h to key/value head h // groups, as `repeat_interleave` would).
 
 Used for models whose attention is plain softmax(QK^T s) V over all positions (`supported`): no
 sliding window, no logit soft-capping, no attention sinks; on a CPU. Elsewhere the scorer keeps the
@@ -80,8 +81,6 @@ def prefix_attention(module, query: torch.Tensor, key: torch.Tensor, value: torc
                                       **kwargs)
     rows, heads, length, dim = query.shape
     groups = heads // key.shape[1]
-    if groups > 1:
-        key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
     out, lse = _flash(query, key, value, 0.0, True, scale=scaling)
     layer = module.layer_idx
     for b, parts in enumerate(prefixes):
