@@ -59,14 +59,15 @@ def supported(model) -> bool:
     return not getattr(config, "attn_logit_softcapping", None)
 
 
-def _merge(out: torch.Tensor, lse: torch.Tensor, part: torch.Tensor, part_lse: torch.Tensor
-           ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two attentions of the same queries over disjoint keys, merged into one (float32 weights)."""
-    top = torch.maximum(lse, part_lse)
-    a, b = torch.exp(lse - top), torch.exp(part_lse - top)
-    total = a + b
-    merged = (out.float() * (a / total)[..., None] + part.float() * (b / total)[..., None]).to(out.dtype)
-    return merged, top + torch.log(total)
+def _merge_into(out: torch.Tensor, lse: torch.Tensor, part: torch.Tensor, part_lse: torch.Tensor,
+                update_lse: bool) -> None:
+    """Merge `part`, the attention of the same queries over other keys, into `out` in place:
+    out + (part - out) sigmoid(B - A), the part's share of the two softmax sums (float32 weights);
+    `lse` becomes the log-sum-exp of both (A + softplus(B - A)) when another part follows."""
+    gap = part_lse - lse
+    out.lerp_(part, torch.sigmoid(gap).unsqueeze(-1).to(out.dtype))
+    if update_lse:
+        lse.add_(torch.nn.functional.softplus(gap))
 
 
 def prefix_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -87,12 +88,11 @@ def prefix_attention(module, query: torch.Tensor, key: torch.Tensor, value: torc
         if not parts:
             continue
         q = query[b].reshape(heads // groups, groups * length, dim)[None]
-        row, row_lse = out[b], lse[b]
-        for segment, n in parts:
+        for i, (segment, n) in enumerate(parts):
             k, v = segment.layer(layer)
             part, part_lse = _flash(q, k[None, :, :n], v[None, :, :n], 0.0, False, scale=scaling)
-            row, row_lse = _merge(row, row_lse, part[0].reshape(heads, length, dim), part_lse[0].reshape(heads, length))
-        out[b] = row
+            _merge_into(out[b], lse[b], part[0].reshape(heads, length, dim), part_lse[0].reshape(heads, length),
+                        update_lse=i + 1 < len(parts))
     return out.transpose(1, 2).contiguous(), None
 
 
