@@ -477,7 +477,7 @@ class Renderer:
         first, last = offsets[:, 0], offsets[:, 1]  # each token's characters [first, last)
         # The token's tags are those of the segment holding its last character (an empty one owns none).
         index = np.arange(len(segments))
-        owner = np.maximum.accumulate(np.where(lengths > 0, index, 0)) if len(segments) else index
+        owner = np.maximum.accumulate(np.where(lengths > 0, index, 0))
         tagged = owner[np.searchsorted(starts, last - 1, side="right") - 1]
         seg_turns = np.fromiter((turn for _, turn, _ in segments), dtype=np.int64, count=len(segments))
         seg_roles = np.fromiter((int(role) for _, _, role in segments), dtype=np.int64, count=len(segments))
