@@ -62,8 +62,9 @@ def supported(model) -> bool:
 def _merge_into(out: torch.Tensor, lse: torch.Tensor, part: torch.Tensor, part_lse: torch.Tensor,
                 update_lse: bool) -> None:
     """Merge `part`, the attention of the same queries over other keys, into `out` in place:
-    out + (part - out) sigmoid(B - A), the part's share of the two softmax sums (float32 weights);
-    `lse` becomes the log-sum-exp of both (A + softplus(B - A)) when another part follows."""
+    out + (part - out) sigmoid(B - A), the part's share of the two softmax sums (computed from the float32
+    log-sum-exps, then in the output's dtype); `lse` becomes the log-sum-exp of both (A + softplus(B - A))
+    when another part follows, and is left as it was after the last part (nothing reads it)."""
     gap = part_lse - lse
     out.lerp_(part, torch.sigmoid(gap).unsqueeze(-1).to(out.dtype))
     if update_lse:
