@@ -17,8 +17,12 @@ batches on a CPU spent up to a third of its time there (measured: the 20M model'
 64 x 710 positions at 3,250 tokens/s, 4,890 with freed memory kept; SmolLM2 over 16 x 216 at 656
 and 795). Same-shape repeats hide it (glibc raises its threshold after a free, up to 32 MiB), which
 is why a benchmark's raw forward ran faster than the same layers inside the scorer. Raising the mmap
-and trim thresholds keeps freed blocks in the heap for the next forward: the process's resident memory
-stays at its peak instead of falling back between forwards. `release_freed_memory` hands it back after a
+threshold keeps freed blocks in the heap for the next forward, and the heap is never trimmed by itself: the
+process's resident memory stays at its peak instead of falling back between forwards. (A trim threshold,
+even of 1 GiB, still handed back the top of the heap whenever that much was free there: a cover's rejected
+candidates, 2 GB a round at 64 x 16 turns of the 20M model, or an earlier cover's kept copies, and the
+next round faulted them in again: 1.95 M page faults and 131.5 s for that cover on an Intel Xeon under
+KVM, 65,000 and 113.7 s never trimmed.) `release_freed_memory` hands it back after a
 phase whose peak the next will not reach: the bootstrap between training and sampling, the automatic KV
 budget before it reads what is free, a CPU training run after each optimizer step (batches of changing
 lengths fragment a heap never trimmed), and every stage that loads a model (`gpu` in its declaration)
@@ -34,7 +38,8 @@ import os
 import re
 
 KV_MEMORY_SHARE = 0.5
-KEEP_FREED_BYTES = 2**30  # glibc: blocks up to this size come from the heap, which keeps this much free
+KEEP_FREED_BYTES = 2**30  # glibc: blocks up to this size come from the heap
+NEVER_TRIM = -1  # glibc's trim threshold as a size_t: the largest, so free() never trims the heap
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
 _kept: bool | None = None  # keep_freed_memory's outcome, once per process
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
@@ -123,9 +128,9 @@ def release_freed_memory(collect: bool = True) -> bool:
 
 def keep_freed_memory() -> bool:
     """Make glibc's malloc keep freed large blocks for reuse instead of returning them to the kernel
-    (see the module's notes): both thresholds at KEEP_FREED_BYTES, which also ends glibc's own
-    threshold tuning (setting one of them alone leaves blocks over 128 KiB on `mmap`: slower than
-    not setting either). Once per process; False where it does not apply: not glibc (macOS,
+    (see the module's notes): the mmap threshold at KEEP_FREED_BYTES and no trim threshold, which
+    also ends glibc's own threshold tuning (setting one of them alone leaves blocks over 128 KiB on
+    `mmap`: slower than not setting either); the heap is handed back only by `release_freed_memory`. Once per process; False where it does not apply: not glibc (macOS,
     musl), a refused setting, or RACE_KEEP_FREED_MEMORY=0 in the environment."""
     global _kept
     if _kept is None:
@@ -138,7 +143,7 @@ def keep_freed_memory() -> bool:
                 return _kept
             mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
             _kept = bool(mallopt(_M_MMAP_THRESHOLD, KEEP_FREED_BYTES)) and bool(
-                mallopt(_M_TRIM_THRESHOLD, KEEP_FREED_BYTES))
+                mallopt(_M_TRIM_THRESHOLD, NEVER_TRIM))
     return _kept
 
 
