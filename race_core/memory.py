@@ -130,8 +130,9 @@ def keep_freed_memory() -> bool:
     """Make glibc's malloc keep freed large blocks for reuse instead of returning them to the kernel
     (see the module's notes): the mmap threshold at KEEP_FREED_BYTES and no trim threshold, which
     also ends glibc's own threshold tuning (setting one of them alone leaves blocks over 128 KiB on
-    `mmap`: slower than not setting either); the heap is handed back only by `release_freed_memory`. Once per process; False where it does not apply: not glibc (macOS,
-    musl), a refused setting, or RACE_KEEP_FREED_MEMORY=0 in the environment."""
+    `mmap`: slower than not setting either); the heap is handed back only by `release_freed_memory`.
+    Once per process; False where it does not apply: not glibc (macOS, musl), a refused setting, or
+    RACE_KEEP_FREED_MEMORY=0 in the environment."""
     global _kept
     if _kept is None:
         _kept = False
