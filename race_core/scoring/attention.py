@@ -36,6 +36,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 
 import torch
+from torch.profiler import record_function
 from transformers import AttentionInterface
 from transformers.cache_utils import DynamicCache, DynamicLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -85,15 +86,16 @@ def prefix_attention(module, query: torch.Tensor, key: torch.Tensor, value: torc
     groups = heads // key.shape[1]
     out, lse = _flash(query, key, value, 0.0, True, scale=scaling)
     layer = module.layer_idx
-    for b, parts in enumerate(prefixes):
-        if not parts:
-            continue
-        q = query[b].reshape(heads // groups, groups * length, dim)[None]
-        for i, (segment, n) in enumerate(parts):
-            k, v = segment.layer(layer)
-            part, part_lse = _flash(q, k[None, :, :n], v[None, :, :n], 0.0, False, scale=scaling)
-            _merge_into(out[b], lse[b], part[0].reshape(heads, length, dim), part_lse[0].reshape(heads, length),
-                        update_lse=i + 1 < len(parts))
+    with record_function("hf.prefix_attention"):  # the work a forward over whole sequences does not do
+        for b, parts in enumerate(prefixes):
+            if not parts:
+                continue
+            q = query[b].reshape(heads // groups, groups * length, dim)[None]
+            for i, (segment, n) in enumerate(parts):
+                k, v = segment.layer(layer)
+                part, part_lse = _flash(q, k[None, :, :n], v[None, :, :n], 0.0, False, scale=scaling)
+                _merge_into(out[b], lse[b], part[0].reshape(heads, length, dim), part_lse[0].reshape(heads, length),
+                            update_lse=i + 1 < len(parts))
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -113,6 +115,10 @@ class RowsWritten:
         self.pairs: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in fed]
 
     def write(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        with record_function("hf.kv_write"):
+            self._write(layer, keys, values)
+
+    def _write(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
         if layer == 0:
             packed = keys.shape == values.shape
             self.rows = [keys.new_empty((self.count, 2, keys.shape[1], n, keys.shape[3])) for n in self.fed] \
