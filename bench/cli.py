@@ -73,6 +73,8 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_bench_compare)
     t = bench_sub.add_parser("table", help="the README's performance table from benchmark records")
     t.add_argument("records", nargs="+", metavar="RECORD.json")
+    t.add_argument("--latest", action="store_true",
+                   help="each workload's newest run on each machine only (the README's table)")
     t.add_argument("--out", help="write the table here too")
     t.add_argument("--readme", metavar="FILE",
                    help=f"replace the text between the lines {records.TABLE_START!r} and {records.TABLE_END!r} "
@@ -181,7 +183,7 @@ def cmd_bench_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_table(args: argparse.Namespace) -> int:
-    text = records.main_table(args.records)
+    text = records.main_table(args.records, newest_only=args.latest)
     print(text, end="")
     if args.out:
         Path(args.out).write_text(text)

@@ -255,6 +255,26 @@ def table(records: list[tuple[str, dict[str, Any]]]) -> str:
     return "\n".join(lines) + "\n\n" + "\n".join(notes) + "\n"
 
 
+def latest(records: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+    """Of `records`, each run only in the newest record (`recorded_at`) with a run of the same workload
+    (model, N, T, workload) on the same machine (`machine_label`); a record left with no run is dropped.
+    The README shows where each workload stands on each machine; the whole history is the docs' table."""
+    def key(data: dict[str, Any], run: dict[str, Any]) -> tuple:
+        return (machine_label(data), run["model"], run["N"], str(run["T"]),
+                json.dumps(run.get("workload"), sort_keys=True))
+
+    newest: dict[tuple, str] = {}
+    for name, data in sorted(records, key=lambda item: item[1].get("recorded_at", "")):
+        for run in data["runs"]:
+            newest[key(data, run)] = name
+    kept = []
+    for name, data in records:
+        runs = [run for run in data["runs"] if newest[key(data, run)] == name]
+        if runs:
+            kept.append((name, {**data, "runs": runs}))
+    return kept
+
+
 def _ratio(value: float | None) -> str:
     return "" if value is None else f"{value:.2f}x"
 
@@ -263,8 +283,9 @@ def main_compare(a: str, b: str) -> str:
     return compare(read(a), read(b), (Path(a).name, Path(b).name))
 
 
-def main_table(paths: list[str]) -> str:
-    return table([(Path(p).name, read(p)) for p in paths])
+def main_table(paths: list[str], newest_only: bool = False) -> str:
+    loaded = [(Path(p).name, read(p)) for p in paths]
+    return table(latest(loaded) if newest_only else loaded)
 
 
 def replace_table(path: Path | str, text: str) -> None:

@@ -438,6 +438,27 @@ def test_the_table_groups_records_by_cpu_and_its_matrix_extensions():
     assert [line.split(" | ")[0] for line in text.splitlines() if " | M2 | " in line] == ["| [3]"] * machines.count("M2")
 
 
+def test_the_latest_table_keeps_each_workloads_newest_run_on_each_machine():
+    """`race bench table --latest` (the README's): a newer record of T=8 alone takes that run's place
+    and the older record keeps its T=16 run; the same record moved to another CPU is another
+    machine's newest; a record left with no run is dropped."""
+    from bench import records
+
+    old = records.read(sorted(records.REPO_ROOT.glob("bench/results/*-20m.json"))[0])
+    assert [run["T"] for run in old["runs"]] == [8, 16]
+    newer_t8 = {**old, "recorded_at": "2099-01-01T00:00:00+00:00", "runs": old["runs"][:1]}
+    newest_both = {**old, "recorded_at": "2099-02-01T00:00:00+00:00"}
+    xeon = {**old, "machine": {**old["machine"], "processor": "Intel(R) Xeon(R) Processor",
+                               "matrix_extensions": ["amx_bf16"]}}
+    kept = records.latest([("old.json", old), ("t8.json", newer_t8), ("xeon.json", xeon)])
+    assert [(name, [run["T"] for run in data["runs"]]) for name, data in kept] == [
+        ("old.json", [16]), ("t8.json", [8]), ("xeon.json", [8, 16])]
+    kept = records.latest([("old.json", old), ("t8.json", newer_t8), ("both.json", newest_both)])
+    assert [name for name, _ in kept] == ["both.json"]
+    text = records.table(kept)
+    assert "[1] `both.json`" in text and "old.json" not in text and "t8.json" not in text
+
+
 def test_the_dtypes_bench_compares_each_dtype_with_the_reference_on_the_same_episodes(tiny_checkpoint):
     """`race bench dtypes` on the tiny model: the reference (float32) against itself is exact; bfloat16's
     drift, decisions and fitness are computed against it, and the CPU's matrix extensions are named."""
