@@ -18,12 +18,9 @@ that holds it:
 
 Times are the profiler's (wall time on the calling thread), so they carry the machine's load: read
 them as shares of one run. `race bench scoring --profile` adds this for hf to each synthetic run.
-
-Two parts are work every cover must do that the bound's raw forward over whole sequences does not:
-the head over the scored tokens, and the new tokens' attention over their cached prefixes
-(`UNAVOIDABLE`). Their share of the profiled forwards, applied to hf's timed wall, puts the floor
-under the cover's time against the token bound (`floor`). Writing the fed keys/values where later
-rounds read them is outside it: a layout that kept the batch's own tensors could skip that copy.
+The prefix attention is its own part because it is what grows with the episode: a candidate's
+tokens sit late in their sequence and attend over more positions than the raw forward's tokens do
+on average, which the bound with attention (`bench.scoring.attention_bound`) prices.
 """
 
 from __future__ import annotations
@@ -34,7 +31,6 @@ from typing import Any
 
 PARTS = ("kv fill", "kv write", "keep copies", "head", "prefix attention", "attention", "matmul", "copies",
          "other ops", "python")
-UNAVOIDABLE = ("head", "prefix attention")  # work beside the bound's tokens that every cover does
 _STEPS = {"hf.kv_fill": "kv fill", "hf.kv_write": "kv write", "hf.keep": "keep copies", "hf.head": "head",
           "hf.prefix_attention": "prefix attention"}
 _MATMUL = {"aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "aten::baddbmm"}
@@ -103,11 +99,6 @@ def format_profile(profile: dict[str, Any], title: str) -> str:
              f"{profile['rows_seconds']:.2f} s and planning {profile['plan_seconds']:.2f} s outside them)", "",
              "| part | s | share |", "| --- | ---: | ---: |"]
     lines += [f"| {part} | {profile['totals'][part]:.2f} | {profile['totals'][part] / total:.1%} |" for part in PARTS]
-    if "floor" in profile:
-        low = profile["floor"]
-        lines += ["", f"hf's floor: the bound plus what every cover does beside its tokens ({' and '.join(UNAVOIDABLE)}, "
-                      f"{low['share']:.1%} of the profiled forwards, {low['seconds']:.2f} s of hf's timed wall): "
-                      f"{low['vs_bound']:.2f}x the bound"]
     lines += ["", "| rows | prefix | fed | s | " + " | ".join(PARTS) + " |",
               "| ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in PARTS) + " |"]
     for f in profile["forwards"]:
@@ -115,9 +106,3 @@ def format_profile(profile: dict[str, Any], title: str) -> str:
                      + " | ".join(f"{f[part]:.2f}" for part in PARTS) + " |")
     return "\n".join(lines)
 
-
-def floor(profile: dict[str, Any], wall_s: float, bound_wall_s: float) -> dict[str, float]:
-    """The unavoidable parts' share of the profiled forwards, their seconds at that share of the timed
-    `wall_s`, and the floor: the bound's time plus those seconds, against the bound."""
-    share = sum(profile["totals"][part] for part in UNAVOIDABLE) / (profile["forward_seconds"] or 1.0)
-    return {"share": share, "seconds": share * wall_s, "vs_bound": 1.0 + share * wall_s / bound_wall_s}

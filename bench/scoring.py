@@ -313,10 +313,6 @@ def bench_methods(tag: str, checkpoint: Path, model, tokenizer, renderer: Render
     head_rate = head_throughput(model)
     head_wall = targets / head_rate
     attention = attention_bound(model, renderer, trajectories, reference, bound)
-    if profiled:  # the profiled cover is hf's: its floor against the bound, at hf's timed wall
-        from bench.profile import floor
-
-        profiled["profile"]["floor"] = floor(profiled["profile"], runs[0].wall_s, bound_wall)
     naive = next((r for r in runs if r.name == "naive"), None)
     methods = []
     for run in runs:

@@ -177,8 +177,7 @@ def test_the_profile_splits_each_forward_the_counters_saw(report):
     from bench.profile import PARTS, format_profile
 
     (run,) = report["runs"]
-    hf_run = next(m for m in run["methods"] if m["name"] == "hf")
-    profile, hf = run["profile"], hf_run["work"]
+    profile, hf = run["profile"], next(m for m in run["methods"] if m["name"] == "hf")["work"]
     forwards = profile["forwards"]
     assert len(forwards) == hf["forward_calls"] and sum(f["rows"] for f in forwards) == hf["rows"]
     assert sum(f["rows"] * f["fed"] for f in forwards) == hf["padded_positions"]
@@ -188,12 +187,8 @@ def test_the_profile_splits_each_forward_the_counters_saw(report):
         # prefixes read in place (the tiny Llama on a CPU): every row's fed keys/values written once, and
         # the attention over a prefix only where there is one
         assert f["kv write"] > 0 and (f["prefix attention"] > 0) == (f["prefix"] > 0), f
-    floor = profile["floor"]  # the parts every cover does beside the bound's tokens, at hf's timed wall
-    share = (profile["totals"]["head"] + profile["totals"]["prefix attention"]) / profile["forward_seconds"]
-    assert floor["share"] == pytest.approx(share) and 0 < share < 1
-    assert floor["vs_bound"] == pytest.approx(1 + share * hf_run["wall_s"] / run["bound"]["wall_s"])
     text = format_profile(profile, "tiny T=3")
-    assert "| attention |" in text and "| prefix attention |" in text and f"{floor['vs_bound']:.2f}x the bound" in text
+    assert "| attention |" in text and "| prefix attention |" in text and "| kv write |" in text
 
 
 def test_each_method_feeds_the_tokens_its_algorithm_implies(report, tiny_checkpoint):
