@@ -111,6 +111,8 @@ def test_the_readme_links_only_to_files_that_exist_and_keeps_its_result_markers(
     assert "bash scripts/test.sh" in (ROOT / ".ci" / "run").read_text()
     for marker in ("<!-- real-model:begin -->", "<!-- real-model:end -->", records.TABLE_START, records.TABLE_END):
         assert text.count(marker) == 1, marker
+    records_page = (ROOT / "docs" / "method" / "records.md").read_text()  # every record's table
+    assert all(records_page.count(marker) == 1 for marker in (records.TABLE_START, records.TABLE_END))
     copy = tmp_path / "README.md"
     copy.write_text(text)
     records.replace_table(copy, "| new | table |\n")
