@@ -9,10 +9,11 @@ values copied out into kept copies); with prefixes read in place (`race_core.sco
 decoder. Every operator the profiler saw inside a forward is put in one part, by the first of these
 that holds it:
 
-  kv fill, kv write, keep copies, head, prefix attention   the scorer's named steps
-  attention                    the attention kernel (`scaled_dot_product_attention` and what it calls)
+  kv fill, kv write, keep copies,
+  head, prefix attention       the scorer's named steps
+  attention                    the rest of attention (`scaled_dot_product_attention` and what it calls)
   matmul                       the layers' matrix products
-  copies                       other copies: the cache's writes, concatenations, clones, fills
+  copies                       other copies: the copying path's cache writes, concatenations, clones, fills
   other ops                    the rest (norms, rotary embeddings, activations, masks, indexing)
   python                       the forward's time outside any operator (interpreter, dispatch)
 
@@ -105,4 +106,3 @@ def format_profile(profile: dict[str, Any], title: str) -> str:
         lines.append(f"| {f['rows']} | {f['prefix']} | {f['fed']} | {f['seconds']:.2f} | "
                      + " | ".join(f"{f[part]:.2f}" for part in PARTS) + " |")
     return "\n".join(lines)
-

@@ -94,8 +94,9 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 @glibc
 def test_memory_freed_at_the_top_of_the_heap_is_kept_for_the_next_round():
     """With a trim threshold (1 GiB before) glibc handed the top of the heap back whenever that much was
-    free there, and the next round faulted its 2 GiB in again (524,000 pages; a cover of 64 x 16 turns of the 20M
-    model took 131.5 s with it, 113.7 s never trimmed, one run each); never trimmed, the round reuses it. In a fresh process, counted in page faults."""
+    free there, and the next round faulted its 2 GiB in again (524,000 pages; a cover of 64 x 16 turns of
+    the 20M model took 131.5 s with it, 113.7 s never trimmed, one run each); never trimmed, the round
+    reuses it. In a fresh process, counted in page faults."""
     from race_core.memory import keep_freed_memory
 
     if not keep_freed_memory():

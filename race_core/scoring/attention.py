@@ -86,7 +86,7 @@ def prefix_attention(module, query: torch.Tensor, key: torch.Tensor, value: torc
     groups = heads // key.shape[1]
     out, lse = _flash(query, key, value, 0.0, True, scale=scaling)
     layer = module.layer_idx
-    with record_function("hf.prefix_attention"):  # the work a forward over whole sequences does not do
+    with record_function("hf.prefix_attention"):  # profiled apart: it grows with each row's prefix
         for b, parts in enumerate(prefixes):
             if not parts:
                 continue
