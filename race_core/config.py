@@ -215,16 +215,23 @@ class RLConfig:
     max_turns: int = DEFAULT_MAX_TURNS  # turn budget of an episode
     clip: float = 0.2  # c of the clipped surrogate
     closure_weight: float = 0.02  # λ of the closure term
-    lr: float = 1e-5  # AdamW learning rate
+    lr: float = 1e-5  # AdamW learning rate (constant; the optimizer's state carries from one iteration to the next)
     weight_decay: float = 0.0  # AdamW weight decay
-    inner_steps: int = 1  # optimizer steps on one batch of rollouts
+    epochs: Annotated[int, Check(ge=1)] = 1  # update passes over each iteration's rollouts
+    mini_batch: Annotated[int, Check(ge=0)] = 0  # rollouts per optimizer step, in a seeded order (0: all of them, one step per epoch)
     max_grad_norm: float = 1.0  # gradient clipping (0: off)
     seed: int = 0  # sampling (seed + iteration) and the update
     env: Literal[ENV_NAMES] = DEFAULT_ENV  # the environment the rollouts play: calculator, or lookup (multi-hop, 5-6 turns)
     difficulty: int | None = None  # calculator: operations per task (None: 1-3 at random); lookup: entries (3 or 4)
     shape: Literal[SHAPES] = "random"  # calculator task shape: random, or two-part (results carried across turns)
-    cover_aware: bool = True  # mask removable reasoning and supervise closure (off: plain GRPO)
+    cover_aware: bool = True  # LoGiC on the successful rollouts: mask removable reasoning and supervise closure (off: plain GRPO)
+    mask_reasoning: bool = True  # with cover_aware: the removable reasoning carries no policy gradient (off: the closure term alone)
+    epsilon: Annotated[float | None, Check(ge=0, lt=10, allow_inf_nan=False)] = None  # ε of the RL cover (None: the run's cover.epsilon)
     length_penalty: Annotated[float, Check(ge=0, allow_inf_nan=False)] = 0.0  # λ of GRPO with a reasoning-length penalty: reward − λ · reasoning tokens (0: none)
+    skip_bonus: Annotated[float, Check(ge=0, allow_inf_nan=False)] = 0.0  # δ of an AdaptThink-style reward: a successful rollout gets + δ × its share of turns without reasoning (0: none)
+    old_logprobs: Literal["trainer", "sampler"] = "trainer"  # logp_old of the ratio: the trainer's forward before the update (the same numerics as logp_new) or the sampler's
+    eval_every: Annotated[int, Check(ge=0)] = 0  # greedy held-out evaluation every N iterations, on the sampling engine (0: none inside the run)
+    keep_every: Annotated[int, Check(ge=0)] = 0  # also keep every N-th iteration's checkpoint in the store (0: the last one only)
     sampler: Backend = "hf"  # sampling backend: hf (transformers generate) or vllm
     sample_chunk: Annotated[int, Check(ge=0)] = 0  # tasks sampled together, the unit a pool's workers share (0: all K at once)
     micro_batch: Annotated[int, Check(ge=0)] = 0  # rollouts per forward of the update, gradients accumulated (0: all at once)
@@ -247,13 +254,15 @@ class EvalConfig:
 # RLConfig fields only the update reads: sampling an iteration plays the policy it is given, so these
 # stay out of the sample stage's key and arms that differ only here (plain GRPO, cover-aware, a
 # length penalty) share an iteration's rollouts from one policy (at iteration 0, the same SFT policy).
-RL_UPDATE_ONLY = frozenset({"clip", "closure_weight", "lr", "weight_decay", "inner_steps", "max_grad_norm",
-                            "cover_aware", "length_penalty", "micro_batch"})
+RL_UPDATE_ONLY = frozenset({"clip", "closure_weight", "lr", "weight_decay", "epochs", "mini_batch", "max_grad_norm",
+                            "cover_aware", "mask_reasoning", "epsilon", "length_penalty", "skip_bonus", "old_logprobs",
+                            "eval_every", "keep_every", "micro_batch"})
 
 # Fields added after stage keys were first written: left out of a key while at this default, so the
 # keys (and the stored results) of runs that do not set them stay what they were.
 KEY_OPTIONAL = {"local_only": False, "shape": "random", "cover_aware": True, "sample_chunk": 0, "sampler": "hf",
-                "micro_batch": 0, "env": DEFAULT_ENV, "length_penalty": 0.0}
+                "micro_batch": 0, "env": DEFAULT_ENV, "length_penalty": 0.0, "mask_reasoning": True, "epsilon": None,
+                "skip_bonus": 0.0, "mini_batch": 0, "old_logprobs": "trainer", "eval_every": 0, "keep_every": 0}
 
 
 def _path_text(value: Any) -> Any:

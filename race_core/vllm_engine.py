@@ -5,6 +5,8 @@ line of the extra that provides it. An engine is built once per stage over a loc
 (the same folder transformers would load, never a hub name) and shut down after the stage, so the
 next stage (training, another engine) gets the accelerator memory back. `EngineOwner` is what the
 vLLM scorer and sampler share: the engine, the tokenizer and renderer over it, and its lifetime.
+An engine can also take another policy's weights in place (`EngineOwner.load_weights`, through
+`race_core.vllm_weights` in its workers), so an RL run builds one engine for all its policies.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class VLLMNotInstalled(ImportError):
 
 
 CPU_KV_CACHE_GIB = 2
+WORKER_EXTENSION = "race_core.vllm_weights.PolicyWeightsExtension"  # what `load_weights` calls in the workers
 
 
 def require_vllm():
@@ -76,6 +79,7 @@ def build_engine(checkpoint: str | Path, *, dtype: str = "float32", device: str 
                              "install the vLLM build for that device")
     if platform == "cpu" and "gpu_memory_utilization" not in engine_options:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KV_CACHE_GIB))
+    engine_options.setdefault("worker_extension_cls", WORKER_EXTENSION)
     return vllm.LLM(
         model=str(path), tokenizer=str(path), dtype=dtype, seed=seed,
         enable_prefix_caching=enable_prefix_caching, trust_remote_code=False, **engine_options,
@@ -113,6 +117,25 @@ def shutdown_engine(llm) -> None:
 
 
 _Owner = TypeVar("_Owner", bound="EngineOwner")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+# keys that saving a trained policy may rewrite without changing what the engine computes or reads
+_WEIGHTLESS = {"architecture": ("torch_dtype", "dtype", "transformers_version", "_name_or_path"),
+               "tokenizer": ("is_local", "local_files_only", "name_or_path", "_name_or_path")}
+
+
+def _shape_of(folder: Path, names: tuple[str, ...], what: str) -> dict[str, Any]:
+    """What must agree between an engine's checkpoint and weights loaded into it: the config's
+    architecture fields, or the tokenizer's files."""
+    import json
+
+    found = {}
+    for name in names:
+        if (folder / name).exists():
+            data = json.loads((folder / name).read_text()) if name.endswith(".json") else (folder / name).read_text()
+            if isinstance(data, dict):
+                data = {k: v for k, v in data.items() if k not in _WEIGHTLESS[what]}
+            found[name] = data
+    return found
 
 
 class EngineOwner:
@@ -145,6 +168,21 @@ class EngineOwner:
         options = {**cls.engine_defaults, **engine_options, **cls.engine_required}
         llm = build_engine(checkpoint, dtype=dtype, device=device, **options)
         return cls(llm, load_tokenizer(checkpoint), owns_engine=True)
+
+    def load_weights(self, checkpoint: str | Path) -> None:
+        """Give the engine the weights of another checkpoint folder of the same architecture and
+        tokenizer (an RL iteration's policy), in place, and drop its prefix cache (built by the old
+        weights). The engine must have been built by `build_engine` (its workers carry
+        `WORKER_EXTENSION`). A folder whose tokenizer or architecture differs is an error: it needs
+        an engine of its own."""
+        path = check_checkpoint_dir(checkpoint)
+        current = Path(self.engine().model_config.model)
+        for what, names in (("architecture", ("config.json",)), ("tokenizer", TOKENIZER_FILES)):
+            if _shape_of(current, names, what) != _shape_of(path, names, what):
+                raise ValueError(f"{path}: its {what} differs from the live engine's ({current}); "
+                                 "build an engine for it instead of loading its weights into this one")
+        self.engine().collective_rpc("load_policy_weights", args=(str(path),))
+        self.engine().reset_prefix_cache()
 
     def engine(self):
         """The engine, or an error once closed."""

@@ -64,8 +64,9 @@ def test_fields_only_the_update_reads_leave_the_sample_key_and_the_rollouts_alon
     so they share its rollouts: the fields only the update reads are out of the sample stage's key, and
     sampling with every one of them changed plays the same rollouts (real tiny policy, one chunk)."""
     policy = PolicyRef.local(smoke_policy)
-    changed = {"clip": 0.3, "closure_weight": 0.5, "lr": 3e-4, "weight_decay": 0.1, "inner_steps": 2,
-               "max_grad_norm": 0.5, "cover_aware": False, "length_penalty": 0.01, "micro_batch": 2}
+    changed = {"clip": 0.3, "closure_weight": 0.5, "lr": 3e-4, "weight_decay": 0.1, "epochs": 2, "mini_batch": 2,
+               "mask_reasoning": False, "epsilon": 0.5, "skip_bonus": 0.05, "old_logprobs": "sampler", "eval_every": 2,
+               "keep_every": 3, "max_grad_norm": 0.5, "cover_aware": False, "length_penalty": 0.01, "micro_batch": 2}
     assert set(changed) == RL_UPDATE_ONLY and all(getattr(CONFIG, k) != v for k, v in changed.items())
     other = replace(CONFIG, **changed)
     assert sample_scope(policy, other, Resources(), 0) == sample_scope(policy, CONFIG, Resources(), 0)

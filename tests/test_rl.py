@@ -116,29 +116,47 @@ def test_skipped_mask_covers_the_rollouts_own_reasoning_of_skipped_turns(iterati
             assert cover is None
 
 
-def test_closure_contexts_end_at_the_open_marker_of_the_compressed_trajectory(iteration):
+def test_closure_terms_read_the_close_marker_after_the_open_marker_of_the_compressed_trajectory(iteration):
+    """One closure context per rollout with skipped turns: its compressed rendering up to the last
+    skipped turn's close marker; each term's target tokens are its turn's close marker, right after
+    that turn's open marker (causal: what precedes a marker is the compressed context up to it)."""
     report, _, _, tokenizer = iteration
     renderer = Renderer(tokenizer)
     b = report.batch
-    for k, (row, turn) in enumerate(b.closure_turns):
+    assert len(b.closure_rows) == len(set(b.closure_rows)) == len({row for row, _ in b.closure_turns})
+    for c, row in enumerate(b.closure_rows):
         compressed = renderer.render(report.covers[row].trajectory)
-        assert compressed.reasoning_token_count(turn) == 0
-        context = compressed.input_ids[: compressed.turn_starts[turn] + len(renderer.open_ids)].tolist()
-        n = int(b.closure_attention_mask[k].sum())
-        assert b.closure_input_ids[k, :n].tolist() == context + list(renderer.close_ids)
-        assert b.closure_target_mask[k].nonzero().flatten().tolist() == list(range(len(context), n))
+        n = int(b.closure_attention_mask[c].sum())
+        assert b.closure_input_ids[c, :n].tolist() == compressed.input_ids[:n].tolist()
+        for k, (term_row, turn) in enumerate(b.closure_turns):
+            if term_row != row:
+                continue
+            assert compressed.reasoning_token_count(turn) == 0
+            marker_at = compressed.turn_starts[turn] + len(renderer.open_ids)
+            targets = (b.closure_term_index[c] == k).nonzero().flatten().tolist()
+            assert targets == list(range(marker_at, marker_at + len(renderer.close_ids)))
+            assert b.closure_input_ids[c, marker_at:marker_at + len(targets)].tolist() == list(renderer.close_ids)
+        assert n == max(int(t) for t in (b.closure_term_index[c] >= 0).nonzero().flatten()) + 1
     assert (report.closure_logprobs < 0).all()
 
 
 def test_sampler_logprobs_match_the_recomputed_policy_logprobs(iteration):
-    """The incremental sequence is exactly what the sampler saw: before the update, logp_new equals
-    logp_old on every policy token, up to the float noise of recomputing them padded in one batch."""
+    """The incremental sequence is exactly what the sampler saw: before the update, the trainer's
+    logp_new equals the sampler's log-probs on every policy token, up to the float noise of
+    recomputing them padded in one batch; logp_old is the trainer's own (one step: logp_new itself),
+    and the gap to the sampler's is recorded."""
     report = iteration[0]
     b = report.batch
-    diff = (report.logp_new - b.logp_old)[b.policy_mask].abs()
-    print(f"measured RL recompute noise (float32, CPU): max |logp_new - logp_old| {diff.max():.2e} over "
-          f"{int(b.policy_mask.sum())} policy tokens")
+    on = b.policy_mask & report.forwarded[:, None]
+    diff = (report.logp_new - b.sampler_logprobs)[on].abs()
+    print(f"measured RL recompute noise (float32, CPU): max |logp_new - sampler logp| {diff.max():.2e} over "
+          f"{int(on.sum())} policy tokens")
     assert diff.max() < RECOMPUTE_ATOL
+    assert torch.equal(b.logp_old[on], report.logp_new[on])  # ratio 1 at the one step
+    assert report.counts["old_logprob_gap_max"] == pytest.approx(float(diff.max()))
+    # rows of groups whose rewards are all alike (advantage 0) ran no forward pass
+    assert report.forwarded.tolist() == (b.advantages != 0).tolist()
+    assert report.counts["skipped_rows"] == int((b.advantages == 0).sum())
 
 
 def test_one_iteration_changes_the_weights(iteration):
@@ -146,7 +164,7 @@ def test_one_iteration_changes_the_weights(iteration):
     after = model.state_dict()
     changed = [k for k in before if not torch.equal(before[k], after[k])]
     assert changed
-    assert len(report.losses) == CONFIG.inner_steps and torch.isfinite(torch.tensor(report.loss))
+    assert len(report.losses) == CONFIG.epochs and torch.isfinite(torch.tensor(report.loss))
     summary = report.summary()
     assert summary["masked_tokens"] == report.masked_tokens and summary["rollouts"] == 16
 
@@ -186,7 +204,7 @@ def test_rollouts_through_the_stores_json_give_the_same_loss_and_gradients(check
         report = update_from_rollouts(model, tokenizer, batch, unclipped, epsilon=EPSILON)
         updated.append((report, dict(model.named_parameters())))
     (in_memory, params), (from_json, params_again) = updated
-    assert CONFIG.inner_steps == 1 and from_json.loss == in_memory.loss == iteration[0].loss
+    assert CONFIG.epochs == 1 and from_json.loss == in_memory.loss == iteration[0].loss
     assert from_json.covers.keys() == in_memory.covers.keys() and in_memory.closure_terms > 0
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in params.values())
     for name, p in params.items():

@@ -32,7 +32,7 @@ from tasks.training_stages import PolicyRef, materialize, rl, sample, sft
 SFT = SFTConfig(lr=1e-2, steps=6, batch_size=4, seed=0)
 # test_rl's batch: the SMOKE policy's own training tasks, whose groups mix successes and failures
 RL = RLConfig(tasks_per_iteration=SMOKE.expert_tasks, group_size=4, temperature=1.0, max_new_tokens=64, max_turns=4,
-              lr=1e-3, seed=SMOKE.expert_seed, difficulty=SMOKE.difficulty, inner_steps=2)
+              lr=1e-3, seed=SMOKE.expert_seed, difficulty=SMOKE.difficulty, epochs=2)
 EPSILON = 10.0  # every removal accepted: the batch has masked tokens and closure terms
 
 
