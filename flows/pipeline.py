@@ -1,6 +1,6 @@
 """The RACE pipeline flow: its body is the diagram of docs/architecture.md §8.
 
-ingest -> validate -> cover -> compress -> sft -> (sample -> rl) x iterations -> evaluate -> report
+ingest -> validate -> cover -> compress -> sft -> rl (sample -> update, x iterations) -> evaluate -> report
 
 With `config.baseline`, the same SFT also runs on the trajectories as they came (the no-removal arm
 of `race ablate`) and is evaluated beside the RACE policy (`after_sft_none`).
@@ -40,9 +40,8 @@ def run_pipeline(config: PipelineConfig, run_info: dict[str, Any] | None = None,
     if cfg.baseline and "sft" in run.selected:  # the no-removal arm: same SFT on the uncompressed trajectories
         none = run.stage("arm", record_as="arm_none", trajectories=ingested, race=compressed, arm="none", policy=base)
         baseline = run.stage("sft", record_as="sft_none", compressed=none, base=base)
-    for i in range(cfg.rl.iterations):
-        sampled = run.stage("sample", record_as=f"sample_{i}", policy=policy, iteration=i)
-        policy = run.stage("rl", record_as=f"rl_{i}", policy=policy, sampled=sampled, iteration=i)
+    if cfg.rl.iterations:  # the RL run: its iterations of sample -> update in one stage (tasks.rl_run)
+        policy = run.stage("rl", policy=policy)
     for label, evaluated in (("before", base), ("after_sft_none", baseline), ("after_sft", tuned),
                              ("after_rl", policy)):
         if evaluated is not None and (label != "after_rl" or evaluated is not tuned):

@@ -22,19 +22,17 @@ from tasks.pipeline_tasks import stage_task
 from tasks.summary import summarize
 
 
-def needed_stages(stages: tuple[str, ...] | list[str], rl_iterations: int) -> set[str]:
-    """The selected stages and every stage whose output they read (as declared; sample also reads the
-    previous rl iteration's policy)."""
+def needed_stages(stages: tuple[str, ...] | list[str]) -> set[str]:
+    """The selected stages and every stage whose output they read (as declared). `sample` is the rl
+    stage's: selecting it selects rl, which samples each of its iterations."""
     needed: set[str] = set()
-    todo = list(stages)
+    todo = [("rl" if stage == "sample" else stage) for stage in stages]
     while todo:
         stage = todo.pop()
         if stage in needed:
             continue
         needed.add(stage)
         todo.extend(declared(stage).needs)
-        if stage == "sample" and rl_iterations > 1:
-            todo.append("rl")
     return needed
 
 
@@ -45,11 +43,12 @@ class PipelineRun:
     def __init__(self, config: PipelineConfig, earlier: dict[str, dict[str, Any]] | None = None,
                  task_for: Callable[[str], Any] | None = None):
         self.config = config
-        self.forced = set(config.force) - {"validate"}  # validate is a check: nothing stored, it always runs
-        self.selected = set(config.stages) | self.forced
+        # validate is a check: nothing stored, it always runs; sample runs inside rl
+        self.forced = {("rl" if stage == "sample" else stage) for stage in config.force} - {"validate"}
+        self.selected = {("rl" if stage == "sample" else stage) for stage in (*config.stages, *self.forced)}
         if config.baseline and "sft" in self.selected:
             self.selected.add("arm")  # the no-removal arm the baseline SFT trains on
-        self.needed = needed_stages(tuple(self.selected), config.rl.iterations)
+        self.needed = needed_stages(tuple(self.selected))
         self.manifests: dict[str, dict[str, Any]] = dict(earlier or {})
         self._task_for = task_for
 

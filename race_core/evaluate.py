@@ -1,4 +1,5 @@
-"""Policy evaluation on an environment's held-out tasks: success rate, reasoning tokens, turns.
+"""Policy evaluation on an environment's held-out tasks: success rate, reasoning tokens, the skip
+ratio, reasoning tokens per thinking turn, turns.
 
 Episodes are played by `race_core.rollout.play_episodes` (the same driver as RL sampling), greedy
 or sampled; success is the environment's private judge. Use held-out tasks (`heldout_tasks`: they
@@ -17,6 +18,20 @@ from race_core.rollout import Rollout, play_episodes
 from race_core.sampling import Sampler, SamplingParams
 
 
+def episode_metrics(episodes: Sequence[Rollout]) -> dict[str, float]:
+    """The paper's figures of a set of episodes: success, reasoning tokens per episode, the skip ratio
+    (share of turns acted on with no reasoning), reasoning tokens per thinking turn, turns per episode."""
+    turns = sum(len(e.turns) for e in episodes)
+    thinking = sum(1 for e in episodes for t in e.turns if t.reasoning.strip())
+    reasoning = sum(e.reasoning_token_count() for e in episodes)
+    n = max(len(episodes), 1)
+    return {"success_rate": sum(e.success for e in episodes) / n,
+            "reasoning_tokens_per_episode": reasoning / n,
+            "skip_ratio": (turns - thinking) / max(turns, 1),
+            "reasoning_tokens_per_thinking_turn": reasoning / max(thinking, 1),
+            "turns_per_episode": turns / n}
+
+
 @dataclass
 class EvalReport:
     success_rate: float
@@ -27,10 +42,12 @@ class EvalReport:
     greedy: bool = True
 
     def summary(self) -> dict:
-        return {"episodes": len(self.episodes), "success_rate": self.success_rate,
-                "reasoning_tokens_per_episode": self.reasoning_tokens_per_episode,
-                "turns_per_episode": self.turns_per_episode, "well_formed_rate": self.well_formed_rate,
-                "greedy": self.greedy}
+        """The figures of `episode_metrics`, the standard error of the success rate, the format rate."""
+        metrics = episode_metrics(self.episodes)
+        n = len(self.episodes)
+        p = metrics["success_rate"]
+        return {"episodes": n, **metrics, "success_stderr": (p * (1 - p) / n) ** 0.5 if n else 0.0,
+                "well_formed_rate": self.well_formed_rate, "greedy": self.greedy}
 
 
 def heldout_tasks(n: int, seed: int = 0, difficulty: int | None = None, shape: str = "random",
@@ -62,12 +79,12 @@ def evaluate_policy(
                             greedy=greedy)
     episodes = play_episodes(model, tokenizer, tasks, 1 if greedy else samples, params, max_turns,
                              batch_size=batch_size, sampler=sampler)
-    n = len(episodes)
+    metrics = episode_metrics(episodes)
     turns = sum(len(e.turns) for e in episodes)
     return EvalReport(
-        success_rate=sum(e.success for e in episodes) / n,
-        reasoning_tokens_per_episode=sum(e.reasoning_token_count() for e in episodes) / n,
-        turns_per_episode=turns / n,
+        success_rate=metrics["success_rate"],
+        reasoning_tokens_per_episode=metrics["reasoning_tokens_per_episode"],
+        turns_per_episode=metrics["turns_per_episode"],
         episodes=episodes,
         well_formed_rate=sum(sum(e.well_formed) for e in episodes) / max(turns, 1),
         greedy=greedy,

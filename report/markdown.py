@@ -131,12 +131,14 @@ RL_COLUMNS = (  # (metric, heading, format): the card's diagnostics of a cover-a
     ("success_rate", "rollouts succeeded", "{:.1%}"), ("loss", "loss", "{:.5f}"), ("actor_loss", "actor loss", "{:.5f}"),
     ("closure_loss", "closure term", "{:.5f}"), ("closure_terms", "closure terms", "{}"),
     ("policy_tokens", "policy tokens (denominator)", "{}"), ("masked_tokens", "masked reasoning tokens", "{}"),
-    ("total_turns", "turns", "{}"))
+    ("total_turns", "turns", "{}"), ("skip_ratio", "turns without reasoning", "{:.1%}"),
+    ("skipped_rows", "rollouts of advantage 0 (no backward)", "{}"), ("seconds", "seconds", "{:.0f}"))
 
 
 def rl_table(iterations: list[dict[str, Any]]) -> list[str]:
     """One row per RL iteration: its rollouts' success, the loss and its actor and closure parts, the
-    closure terms, the policy-token denominator N_policy and the masked reasoning tokens."""
+    closure terms, the policy-token denominator N_policy, the masked reasoning tokens, the share of
+    turns written without reasoning, the rollouts left out of the backward and the iteration's time."""
     lines = ["| iteration | " + " | ".join(h for _, h, _ in RL_COLUMNS) + " |", "|---" * (len(RL_COLUMNS) + 1) + "|"]
     for k, metrics in enumerate(iterations):
         cells = [fmt.format(metrics[key]) if metrics.get(key) is not None else "-" for key, _, fmt in RL_COLUMNS]

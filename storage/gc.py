@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -157,3 +158,23 @@ def _abandoned_uploads(store: ArtifactStore, grace_s: float, now: float) -> list
     bucket, _, prefix = store.root.partition("/")
     return [u for u in lister(bucket) if u["Key"].startswith(f"{prefix}/" if prefix else "")
             and now - u["Initiated"].timestamp() >= grace_s]
+
+
+def discard_unreferenced(store: ArtifactStore, digests: Iterable[str]) -> list[str]:
+    """Remove the objects among `digests` (trees with their files) that no record reaches now, at
+    once, without a grace period: for a writer that just replaced its own record of them (an RL run's
+    superseded training state, `tasks.rl_run`), whose large objects no other stage wrote. A file that
+    another record reaches (a tokenizer every checkpoint shares) stays. Returns the removed digests."""
+    candidates: set[str] = set()
+    for digest in digests:
+        if store.has_object(digest):
+            candidates.add(digest)
+            if store._is_tree(digest):
+                candidates.update(store.read_tree(digest).values())
+    if not candidates:
+        return []
+    keep = store.referenced_objects()
+    removed = sorted(d for d in candidates if d not in keep and store.has_object(d))
+    for digest in removed:
+        store.fs.rm_file(store.object_path(digest))
+    return removed

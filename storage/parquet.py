@@ -30,7 +30,7 @@ from storage.store import ArtifactStore
 
 DEFAULT_ROW_GROUP = 8192
 SCHEMA_VERSION = "1"
-KINDS = ("trajectories", "rejects", "decisions", "compressed")
+KINDS = ("trajectories", "rejects", "decisions", "compressed", "episodes")
 
 TURN_TYPE = pa.struct(
     [
@@ -104,11 +104,29 @@ COMPRESSED_SCHEMA = _schema(
     ],
 )
 
+# Episodes a policy played (an evaluation's): the trajectory columns (`successful`: the environment's
+# judge), and what the paper's figures are computed from, so a later metric needs no replay.
+EPISODES_SCHEMA = _schema(
+    "episodes",
+    [
+        *_TRAJECTORY_FIELDS,
+        pa.field("task_id", pa.string()),
+        pa.field("sample_index", pa.int32()),
+        pa.field("reward", pa.float64()),
+        pa.field("finished", pa.bool_()),  # ended by the agent (finish / the judge), not by the turn budget
+        pa.field("well_formed", pa.list_(pa.bool_())),  # per turn: the generation followed the format
+        pa.field("reasoning_tokens", pa.list_(pa.int32())),  # per turn: generated reasoning tokens
+        pa.field("generated_tokens", pa.int64()),  # every token the policy generated
+        pa.field("policy_digest", pa.string()),
+    ],
+)
+
 SCHEMAS: dict[str, pa.Schema] = {
     "trajectories": TRAJECTORIES_SCHEMA,
     "rejects": REJECTS_SCHEMA,
     "decisions": DECISIONS_SCHEMA,
     "compressed": COMPRESSED_SCHEMA,
+    "episodes": EPISODES_SCHEMA,
 }
 
 
@@ -134,6 +152,22 @@ def trajectory_row(t: Trajectory) -> dict[str, Any]:
         "extra": canonical_json(t.extra),
         "system": t.system,
         "tools": _ordered_json(list(t.tools)),
+    }
+
+
+def episode_row(episode: Any, policy_digest: str) -> dict[str, Any]:
+    """An `episodes` row for a played episode (a `race_core.rollout.Rollout`): its turns as the policy
+    wrote them, the judge's verdict, and per turn the format verdict and the reasoning tokens."""
+    turns = range(len(episode.turns))
+    return {
+        "id": f"{episode.task_id}#{episode.sample_index}", "question": episode.question,
+        "environment": episode.environment, "source_revision": "", "split": "heldout",
+        "successful": bool(episode.success), "turns": [_turn_row(turn) for turn in episode.turns],
+        "extra": "{}", "system": episode.system, "tools": _ordered_json(list(episode.tools)),
+        "task_id": episode.task_id, "sample_index": int(episode.sample_index), "reward": float(episode.reward),
+        "finished": bool(episode.finished), "well_formed": [bool(x) for x in episode.well_formed],
+        "reasoning_tokens": [episode.reasoning_token_count(t) for t in turns],
+        "generated_tokens": int(sum(episode.policy_mask)), "policy_digest": policy_digest,
     }
 
 

@@ -115,18 +115,19 @@ DECLARED: tuple[Stage, ...] = (
                    (*_MODEL_LIBRARIES, "peft", "accelerate")),  # peft: LoRA; accelerate: gradient sync, autocast
           "tasks.training_stages:sft_stage", inputs=("compressed", "base"), config="sft", reads=("resources",),
           outputs=("checkpoint",), gpu=True),
-    Stage("sample", 1, ("sft",),  # and, after the first iteration, the previous iteration's rl
+    Stage("sample", 1, ("sft",),  # one RL iteration's rollouts: the rl stage runs it for each of its iterations
           StageKey((*_POLICY_LOOP, *_RENDER, "tasks/training_stages.py", "tasks/chunks.py"), _MODEL_LIBRARIES),
           "tasks.training_stages:sample_stage", inputs=("policy", "iteration"), config="rl", reads=("resources",),
           outputs=("rollouts",), units="sample-chunk", gpu=True),
-    Stage("rl", 1, ("sample", "sft"),
-          StageKey(("race_core/train/rl.py", *_TRAINING, "race_core/loss.py",
-                    "race_core/cover.py", "race_core/scoring/*.py", "race_core/rollout.py", *_RENDER,
-                    "tasks/training_stages.py", "tasks/training_runs.py"), (*_MODEL_LIBRARIES, "accelerate")),
-          "tasks.training_stages:rl_stage", inputs=("policy", "sampled", "iteration"), config="rl",
-          reads=("cover", "resources"), outputs=("checkpoint",), gpu=True),  # cover: its ε
-    Stage("evaluate", 1, (), StageKey(("race_core/evaluate.py", *_POLICY_LOOP, *_RENDER, "tasks/training_stages.py"),
-                                      _MODEL_LIBRARIES),
+    Stage("rl", 2, ("sft",),  # a run of iterations (tasks.rl_run): sample, update, evaluate every rl.eval_every
+          StageKey(("race_core/train/rl.py", "race_core/train/optimizer_state.py", *_TRAINING, "race_core/loss.py",
+                    "race_core/cover.py", "race_core/scoring/*.py", "race_core/evaluate.py", *_POLICY_LOOP,
+                    "race_core/vllm_weights.py", *_RENDER, "tasks/training_stages.py", "tasks/training_runs.py",
+                    "tasks/chunks.py", "tasks/rl_run.py"), (*_MODEL_LIBRARIES, "accelerate")),
+          "tasks.rl_run:rl_run_stage", inputs=("policy",), config="rl", reads=("cover", "evaluate", "resources"),
+          outputs=("checkpoint",), gpu=True, progress="RL iterations"),  # cover: its ε (unless rl.epsilon)
+    Stage("evaluate", 2, (), StageKey(("race_core/evaluate.py", *_POLICY_LOOP, *_RENDER, "tasks/training_stages.py",
+                                       "storage/parquet.py"), _MODEL_LIBRARIES),
           "tasks.training_stages:evaluate_stage", inputs=("policy", "label"), config="evaluate", reads=("resources",),
           outputs=("report",), gpu=True, artifact="evaluate-{label}"),
     Stage("bootstrap", 1, (),  # a chat checkpoint made a calculator policy (`race ablate --checkpoint`)

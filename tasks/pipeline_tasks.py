@@ -120,7 +120,7 @@ class _ProgressArtifact:
         self.title = title
         self.id = create_progress_artifact(0.0, key=f"race-{name}-progress", description=f"{title}: starting")
 
-    def publish(self, figures: ProgressFigures) -> None:
+    def publish(self, figures: ProgressFigures) -> None:  # or any figures with `fraction` and `summary()` (RL runs)
         update_progress_artifact(self.id, round(100 * figures.fraction, 1), description=f"{self.title}: {figures.summary()}")
 
     def finish(self) -> None:

@@ -12,7 +12,7 @@ TRAINING_FACTS = ("processes", "distributed_type", "mixed_precision", "gradient_
 
 
 def summarize(manifests: dict[str, dict[str, Any]], run_info: dict[str, Any] | None = None) -> dict[str, Any]:
-    """`manifests`: stage label -> manifest, in run order (`sample_0`, `rl_0`, `evaluate_before`, ...)."""
+    """`manifests`: stage label -> manifest, in run order (`sft`, `rl`, `evaluate_before`, ...)."""
     m = manifests
     summary: dict[str, Any] = {
         "stages": {name: {"cached": bool(x["cached"]), "wall_s": x["wall_s"]} for name, x in m.items() if "cached" in x},
@@ -40,10 +40,11 @@ def summarize(manifests: dict[str, dict[str, Any]], run_info: dict[str, Any] | N
         summary["objects"]["compressed"] = m["compress"]["objects"]["compressed"]
     if "sft" in m:
         summary["objects"]["sft_checkpoint"] = m["sft"]["objects"]["checkpoint"]
-    rl = [x for name, x in m.items() if name.startswith("rl_")]
-    if rl:
-        summary["rl"] = [x["metrics"] for x in rl]
-        summary["objects"]["rl_checkpoint"] = rl[-1]["objects"]["checkpoint"]
+    if "rl" in m:  # the RL run: one manifest, its iterations' metrics and evaluations inside
+        summary["rl"] = m["rl"]["metrics"]["iterations"]
+        if m["rl"]["metrics"].get("evaluations"):
+            summary["rl_evaluations"] = m["rl"]["metrics"]["evaluations"]
+        summary["objects"]["rl_checkpoint"] = m["rl"]["objects"].get("checkpoint")
     training = {name: {k: x["metrics"][k] for k in TRAINING_FACTS if k in x["metrics"]}
                 for name, x in m.items() if "step_losses" in x.get("metrics", {})}
     if training:  # per training stage (sft, sft_none, rl_0, ...): how many processes, every step's loss

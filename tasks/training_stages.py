@@ -12,7 +12,7 @@ import json
 import logging
 from typing import Any
 
-from race_core.config import CoverConfig, EvalConfig, Resources, RLConfig, SFTConfig
+from race_core.config import EvalConfig, Resources, RLConfig, SFTConfig
 from race_core.envs.calculator import ENV_REVISION
 from storage import ArtifactStore
 from tasks.base import _model_config, _rl_keyed, run_stage
@@ -39,26 +39,30 @@ def sft(store: ArtifactStore, compressed_digest: str, base: PolicyRef, config: S
 
 
 def sample(store: ArtifactStore, policy: PolicyRef, config: RLConfig, resources: Resources, iteration: int,
-           only_cached: bool = False, force: bool = False) -> dict[str, Any]:
-    """On-policy episodes of the current policy in the calculator: K tasks × G rollouts, played in
+           only_cached: bool = False, force: bool = False, sampler: Any = None) -> dict[str, Any]:
+    """On-policy episodes of the current policy in its environment: K tasks × G rollouts, played in
     chunks of `config.sample_chunk` tasks (`tasks.chunks.SampleJob`) by the executor that
-    `resources` names (`tasks.executors`)."""
+    `resources` names (`tasks.executors`), or in this process by `sampler`, a sampler that holds this
+    very policy (an RL run's live one: `tasks.rl_run`), chunk after chunk with each chunk's seed."""
     keyed, inputs = sample_keyed(policy, config, resources, iteration)
 
     def compute() -> dict[str, Any]:
-        from race_core.rollout import rollouts_to_json, sample_chunks
+        from race_core.rollout import rollouts_to_json, sample_chunks, sample_rollouts
 
-        scope = sample_scope(policy, config, resources, iteration)
-        job = SampleJob(policy, config, resources, iteration, scope)
-        planned = [{"index": c} for c in range(len(sample_chunks(config)))]
-        todo = [u for u in planned if force or job.committed(store, u) is None]
-        if len(planned) > 1:
-            logger.info(f"sample: iteration {iteration}: {len(planned)} chunk(s) of up to "
-                        f"{config.sample_chunk or config.tasks_per_iteration} task(s); {len(planned) - len(todo)} "
-                        "committed before")
-        if todo:
-            executor_for(resources).run(job, todo, store, resources, force=force)
-        rollouts = merge_chunks(store, scope, len(planned))
+        if sampler is not None:
+            rollouts = sample_rollouts(None, None, config, iteration, sampler=sampler)
+        else:
+            scope = sample_scope(policy, config, resources, iteration)
+            job = SampleJob(policy, config, resources, iteration, scope)
+            planned = [{"index": c} for c in range(len(sample_chunks(config)))]
+            todo = [u for u in planned if force or job.committed(store, u) is None]
+            if len(planned) > 1:
+                logger.info(f"sample: iteration {iteration}: {len(planned)} chunk(s) of up to "
+                            f"{config.sample_chunk or config.tasks_per_iteration} task(s); "
+                            f"{len(planned) - len(todo)} committed before")
+            if todo:
+                executor_for(resources).run(job, todo, store, resources, force=force)
+            rollouts = merge_chunks(store, scope, len(planned))
         digest = store.put_bytes(rollouts_to_json(rollouts).encode("utf-8"))
         successes = sum(r.success for r in rollouts)
         turns = sum(len(r.turns) for r in rollouts)
@@ -66,53 +70,60 @@ def sample(store: ArtifactStore, policy: PolicyRef, config: RLConfig, resources:
         logger.info(f"sample: iteration {iteration}: {successes}/{len(rollouts)} rollouts succeeded")
         return {"objects": {"rollouts": digest},
                 "metrics": {"rollouts": len(rollouts), "success_rate": successes / max(len(rollouts), 1),
-                            "reasoning_tokens_per_turn": reasoning / max(turns, 1)}}
+                            "reasoning_tokens_per_turn": reasoning / max(turns, 1),
+                            "generated_tokens": sum(sum(r.policy_mask) for r in rollouts)}}
 
     return run_stage(store, "sample", keyed, inputs, policy.digest, compute, only_cached, force)
 
 
-def rl(store: ArtifactStore, policy: PolicyRef, rollouts_digest: str, config: RLConfig, epsilon: float,
-       resources: Resources, iteration: int, only_cached: bool = False, force: bool = False) -> dict[str, Any]:
-    """One cover-aware RL update of the policy on its own rollouts (cover at `epsilon`) -> a new policy,
-    in this process or in launched training processes (`tasks.training_runs`)."""
+def rl_update(store: ArtifactStore, policy: PolicyRef, rollouts_digest: str, config: RLConfig, epsilon: float,
+              resources: Resources, iteration: int) -> dict[str, Any]:
+    """One cover-aware RL update of the policy on its stored rollouts (cover at `epsilon` unless
+    `config.epsilon` says), in this process or in launched training processes, with a fresh optimizer:
+    the policy's manifest fields (its checkpoint put into the store) and the update's metrics. An RL
+    run (`tasks.rl_run`) does its updates on a live trainer that keeps its optimizer instead; this is
+    one update as the launched processes do it (`tasks.training_runs.rl_compute`)."""
+    from tasks.training_runs import rl_compute, train_state_dir
+
     keyed = {**_rl_keyed(config, resources, iteration), "epsilon": epsilon, **resources.training_keyed()}
     inputs = {"policy": policy.folder or policy.digest, "rollouts": rollouts_digest}
-
-    def compute() -> dict[str, Any]:
-        from tasks.training_runs import rl_compute, train_state_dir
-
-        return rl_compute(store, policy, rollouts_digest, config, epsilon, resources,
-                          train_state_dir("rl", keyed, inputs, policy.digest))
-
-    return run_stage(store, "rl", keyed, inputs, policy.digest, compute, only_cached, force)
+    return rl_compute(store, policy, rollouts_digest, config, epsilon, resources,
+                      train_state_dir("rl", keyed, inputs, policy.digest))
 
 
 def evaluate(store: ArtifactStore, policy: PolicyRef, config: EvalConfig, resources: Resources, label: str = "",
-             only_cached: bool = False, force: bool = False) -> dict[str, Any]:
-    """Greedy success rate and reasoning tokens per episode on held-out tasks."""
+             only_cached: bool = False, force: bool = False, sampler: Any = None) -> dict[str, Any]:
+    """Greedy success rate, reasoning tokens per episode, skip ratio and reasoning tokens per thinking
+    turn on held-out tasks; the episodes themselves as an `episodes` Parquet dataset (any later figure
+    is computed from them without playing again). `sampler`: one that holds this very policy, of the
+    config's backend (an RL run's live one), instead of a sampler built for the stage."""
 
     def compute() -> dict[str, Any]:
         from race_core.evaluate import evaluate_policy, heldout_tasks
         from race_core.sampling import make_sampler
+        from storage.parquet import episode_row, write_dataset_to_store
 
         tasks = heldout_tasks(config.tasks, config.seed, shape=config.shape, env=config.env)
-        sampler = model = tokenizer = None
-        if config.sampler == "hf":
+        model = tokenizer = None
+        own = sampler
+        if own is None and config.sampler == "hf":
             model, tokenizer = policy.load(store, resources)
-        else:  # another backend over the same checkpoint (vllm)
-            sampler = make_sampler(config.sampler, policy.local_path(store), device=resources.device,
-                                   dtype=resources.dtype, **resources.engine_options(config.sampler))
+        elif own is None:  # another backend over the same checkpoint (vllm)
+            own = make_sampler(config.sampler, policy.local_path(store), device=resources.device,
+                               dtype=resources.dtype, **resources.engine_options(config.sampler))
         try:
             report = evaluate_policy(model, tokenizer, tasks, greedy=True, seed=config.seed, max_turns=config.max_turns,
-                                     max_new_tokens=config.max_new_tokens, sampler=sampler)
+                                     max_new_tokens=config.max_new_tokens, sampler=own)
         finally:
-            if sampler is not None:
-                sampler.close()
+            if own is not None and own is not sampler:
+                own.close()
         summary = report.summary()
-        logger.info(f"evaluate{(' ' + label) if label else ''}: success {summary['success_rate']:.1%}, "
-                    f"reasoning tokens per episode {summary['reasoning_tokens_per_episode']:.1f}")
+        logger.info(f"evaluate{(' ' + label) if label else ''}: success {summary['success_rate']:.1%} "
+                    f"(± {summary['success_stderr']:.1%}), reasoning tokens per episode "
+                    f"{summary['reasoning_tokens_per_episode']:.1f}, skip ratio {summary['skip_ratio']:.1%}")
+        episodes, _ = write_dataset_to_store(store, "episodes", (episode_row(e, policy.digest) for e in report.episodes))
         digest = store.put_bytes(json.dumps(summary, sort_keys=True).encode())
-        return {"objects": {"report": digest}, "metrics": summary}
+        return {"objects": {"report": digest, "episodes": episodes}, "metrics": summary}
 
     return run_stage(store, "evaluate", _model_config(config, resources, greedy=True, env_revision=ENV_REVISION),
                      {}, policy.digest, compute, only_cached, force)
@@ -131,14 +142,6 @@ def sample_stage(store: ArtifactStore, *, policy: PolicyRef | dict[str, Any], it
                  resources: Resources, only_cached: bool = False, force: bool = False) -> dict[str, Any]:
     """The policy's on-policy episodes of RL iteration `iteration` -> rollouts."""
     return sample(store, PolicyRef.of(policy), config, resources, iteration, only_cached=only_cached, force=force)
-
-
-def rl_stage(store: ArtifactStore, *, policy: PolicyRef | dict[str, Any], sampled: dict[str, Any], iteration: int,
-             config: RLConfig, cover: CoverConfig, resources: Resources, only_cached: bool = False,
-             force: bool = False) -> dict[str, Any]:
-    """One cover-aware RL update (its cover at the run's ε, `cover.epsilon`) on a sample manifest -> a policy."""
-    return rl(store, PolicyRef.of(policy), sampled["objects"]["rollouts"], config, cover.epsilon, resources,
-              iteration, only_cached=only_cached, force=force)
 
 
 def evaluate_stage(store: ArtifactStore, *, policy: PolicyRef | dict[str, Any], label: str, config: EvalConfig,

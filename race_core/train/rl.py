@@ -47,6 +47,7 @@ import torch
 
 from race_core.config import DEFAULT_EPSILON, RLConfig
 from race_core.cover import CoverResult, logic_cover
+from race_core.evaluate import episode_metrics
 from race_core.loss import cover_aware_loss, grpo_advantages
 from race_core.render import Renderer, Role
 from race_core.rollout import Rollout
@@ -148,20 +149,6 @@ class RLReport:
                 "step_losses": self.losses, "grad_norms": self.grad_norms, "processes": self.extra.get("processes", 1),
                 **episode_metrics(self.rollouts), "phases": {k: round(v, 3) for k, v in self.phases.items()},
                 **self.counts}
-
-
-def episode_metrics(episodes: Sequence[Rollout]) -> dict[str, float]:
-    """The paper's figures of a set of episodes: success, reasoning tokens per episode, the skip ratio
-    (share of turns acted on with no reasoning), reasoning tokens per thinking turn, turns per episode."""
-    turns = [t for e in episodes for t in range(len(e.turns))]
-    thinking = sum(1 for e in episodes for t in e.turns if t.reasoning.strip())
-    reasoning = sum(e.reasoning_token_count() for e in episodes)
-    n = max(len(episodes), 1)
-    return {"success_rate": sum(e.success for e in episodes) / n,
-            "reasoning_tokens_per_episode": reasoning / n,
-            "skip_ratio": (len(turns) - thinking) / max(len(turns), 1),
-            "reasoning_tokens_per_thinking_turn": reasoning / max(thinking, 1),
-            "turns_per_episode": len(turns) / n}
 
 
 def cover_rollouts(rollouts: Sequence[Rollout], scorer, epsilon: float) -> dict[int, CoverResult]:

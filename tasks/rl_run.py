@@ -1,0 +1,448 @@
+"""The rl stage: a run of RL iterations from one policy, as one training run (docs/architecture.md §5, §8).
+
+    policy_0 --(sample -> update)--> policy_1 --(sample -> update)--> ... --> policy_N
+
+Iteration i samples the policy's rollouts (the `sample` stage, cached under its key, so arms that
+start from the same policy share iteration 0's), updates the policy on them
+(`race_core.train.rl.update_from_rollouts`) and commits a record `stages/rl-iteration/<scope>-<i>.json`:
+the rollouts object, the new policy's digest, the update's metrics and the seconds of each phase.
+Every `eval_every` iterations (and after the last) the new policy plays the held-out tasks (the
+`evaluate` stage, cached under the policy's digest; iteration 0 is the starting policy).
+
+What lives across iterations, in this process (`LiveRun`): the trainer's model and its optimizer
+(AdamW's moments carry from one update to the next, as one training run), and the sampler: with
+`rl.sampler = vllm` one engine, built once and given each new policy's weights in place
+(`EngineOwner.load_weights`), serving the evaluations too; with `hf` the trainer's own model, which
+is the policy. After each iteration the new policy's checkpoint and the optimizer's state are put
+into the store and named by `stages/rl-resume/<scope>.json` (overwritten each iteration): a run that
+stops anywhere resumes after its last committed iteration, from that state, bit for bit as an
+uninterrupted run goes on (the engine is built once more). The state it replaces is removed from the
+store unless a record keeps it: the last iteration's checkpoint is the stage's output, and
+`keep_every` keeps every N-th (a checkpoint is the size of the model, an AdamW state twice that).
+
+The scope (the run's key without `iterations`, `eval_every` and `keep_every`) names the records, so
+asking the same run for more iterations continues it where it stopped instead of starting over.
+A run's updates happen in launched training processes when `resources` asks for several
+(`tasks.training_runs`): each iteration is one launch, its optimizer state handed over in files.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from race_core.config import CoverConfig, EvalConfig, Resources, RLConfig, key_fields
+from storage import ArtifactStore, put_checkpoint, stage_key
+from tasks.base import _model_config, run_stage
+from tasks.declarations import declared
+from tasks.executors import executor_name
+from tasks.fingerprints import stage_code
+from tasks.policy_ref import PolicyRef, checkpoint_cache
+
+logger = logging.getLogger(__name__)
+
+ITERATION_STAGE = "rl-iteration"
+RESUME_STAGE = "rl-resume"
+RUN_ONLY = ("iterations", "eval_every", "keep_every")  # fields that do not change what an iteration computes
+FAULT_ENV = "RACE_RL_FAULT"  # tests only: "I" raises right after iteration I's update, before anything is saved
+
+
+class InjectedFault(RuntimeError):
+    """The failure `FAULT_ENV` asks for (a test's run stopped part way through an iteration)."""
+
+
+def run_keyed(config: RLConfig, epsilon: float, evaluate: EvalConfig, resources: Resources) -> dict[str, Any]:
+    """The rl stage's keyed config: the RL settings, the cover's ε, the evaluation's when it evaluates."""
+    keyed = {**_model_config(config, resources), "epsilon": config.epsilon if config.epsilon is not None else epsilon,
+             **resources.training_keyed()}
+    if config.eval_every:
+        keyed["evaluate"] = key_fields(evaluate)
+    return keyed
+
+
+def run_scope(policy: PolicyRef, config: RLConfig, epsilon: float, resources: Resources) -> str:
+    """The name of a run's iteration records: its key without the fields that only say how long it
+    runs, how often it evaluates and what it keeps."""
+    keyed = {k: v for k, v in run_keyed(config, epsilon, EvalConfig(), resources).items()
+             if k not in (*RUN_ONLY, "evaluate")}
+    inputs = {"policy": policy.folder or policy.digest}
+    return stage_key("rl", declared("rl").version, keyed, inputs, policy.digest, stage_code("rl", keyed))
+
+
+def iteration_record(scope: str, iteration: int) -> str:
+    return f"stages/{ITERATION_STAGE}/{scope}-{iteration}.json"
+
+
+def resume_record(scope: str) -> str:
+    return f"stages/{RESUME_STAGE}/{scope}.json"
+
+
+def committed_iterations(store: ArtifactStore, scope: str, limit: int) -> list[dict[str, Any]]:
+    """The run's committed iteration records, 0, 1, ... up to the first one missing (at most `limit`)."""
+    from tasks.units import usable
+
+    records = []
+    for i in range(limit):
+        record = usable(store, iteration_record(scope, i))
+        if record is None:
+            break
+        records.append(record)
+    return records
+
+
+@dataclass(frozen=True)
+class RunProgress:
+    """Where an RL run stands, for the UI's progress artifact (`tasks.pipeline_tasks`)."""
+
+    iterations_done: int
+    iterations_total: int
+    elapsed_s: float
+    last: str = ""  # the last iteration's figures
+
+    @property
+    def fraction(self) -> float:
+        return self.iterations_done / self.iterations_total if self.iterations_total else 1.0
+
+    def summary(self) -> str:
+        left = ""
+        if 0 < self.iterations_done < self.iterations_total:
+            left = f", about {self.elapsed_s / self.iterations_done * (self.iterations_total - self.iterations_done) / 60:.0f} min left"
+        return f"iteration {self.iterations_done} of {self.iterations_total}{left}" + (f"; {self.last}" if self.last else "")
+
+
+def rl_run(store: ArtifactStore, policy: PolicyRef, config: RLConfig, epsilon: float, evaluate: EvalConfig,
+           resources: Resources, only_cached: bool = False, force: bool = False,
+           on_progress: Callable[[RunProgress], None] | None = None) -> dict[str, Any]:
+    """`config.iterations` RL iterations from `policy` (the module docstring) -> the last policy, with
+    every iteration's metrics and the evaluations in the manifest's metrics. `on_progress` is called
+    after each iteration."""
+    keyed = run_keyed(config, epsilon, evaluate, resources)
+    inputs = {"policy": policy.folder or policy.digest}
+
+    def compute() -> dict[str, Any]:
+        scope = run_scope(policy, config, epsilon, resources)
+        with LiveRun(store, policy, config, resources) as live:
+            return _iterate(store, scope, live, policy, config, epsilon, evaluate, resources, force, on_progress)
+
+    return run_stage(store, "rl", keyed, inputs, policy.digest, compute, only_cached, force)
+
+
+def _iterate(store: ArtifactStore, scope: str, live: LiveRun, start: PolicyRef, config: RLConfig, epsilon: float,
+             evaluate: EvalConfig, resources: Resources, force: bool,
+             on_progress: Callable[[RunProgress], None] | None) -> dict[str, Any]:
+    from race_core.rollout import rollouts_from_json
+    from tasks.training_stages import sample
+    from tasks.units import commit_record, unit_provenance
+
+    records = [] if force else committed_iterations(store, scope, config.iterations)
+    state = store.read_record(resume_record(scope)) if records else None
+    if records and (state is None or state.get("iteration") != len(records) - 1
+                    or store.manifest_damage(state) is not None):
+        logger.warning(f"rl: {len(records)} iteration(s) committed but the state after the last is gone; "
+                       "starting the run again from its first policy")
+        records, state = [], None
+    current = start
+    if state is not None:
+        current = PolicyRef(digest=state["policy_digest"], folder=state["objects"]["checkpoint"])
+        live.restore(current, state["objects"]["optimizer"])
+        logger.info(f"rl: resuming after iteration {len(records)} of {config.iterations}")
+    evaluations = _evaluations(store, live, records, start, current, config, evaluate, resources)
+    here = executor_name(resources) == "local"  # else the sample chunks go to the pool's or Ray's workers
+    began, resumed_at = time.perf_counter(), len(records)
+    for i in range(len(records), config.iterations):
+        started = time.perf_counter()
+        live.phases.clear()
+        sampled = sample(store, current, config, resources, i, sampler=live.lazy_sampler(current, "sample") if here else None)
+        sample_s = time.perf_counter() - started
+        rollouts = rollouts_from_json(store.get_bytes(sampled["objects"]["rollouts"]).decode("utf-8"))
+        report = live.update(rollouts, i, epsilon)
+        if os.environ.get(FAULT_ENV) == str(i):
+            raise InjectedFault(f"{FAULT_ENV}={i}: stopped after the update of iteration {i}, before it was saved")
+        at = time.perf_counter()
+        new, optimizer = live.save(store)
+        last = i + 1 == config.iterations
+        keep = last or bool(config.keep_every and (i + 1) % config.keep_every == 0)
+        previous = state
+        state = {"iteration": i, "policy_digest": new.digest,
+                 "objects": {"checkpoint": new.folder, "optimizer": optimizer}}
+        store.write_record(resume_record(scope), state)
+        save_s = time.perf_counter() - at
+        phases = {**live.phases, "sample": round(sample_s - live.phases.get("engine_start", 0.0)
+                                                 - live.phases.get("weight_load", 0.0), 3),
+                  **{k: round(v, 3) for k, v in report.phases.items()}, "checkpoint_write": round(save_s, 3)}
+        metrics = {"iteration": i + 1, **report.summary(), "rollouts_object": sampled["objects"]["rollouts"],
+                   "sampled_cached": bool(sampled["cached"]), "generated_tokens": sampled["metrics"].get("generated_tokens"),
+                   "phases": phases, "seconds": round(time.perf_counter() - started, 3)}
+        record = {"stage": ITERATION_STAGE, "key": f"{scope}-{i}", "iteration": i, "policy_digest": new.digest,
+                  "objects": {"rollouts": sampled["objects"]["rollouts"], **({"checkpoint": new.folder} if keep else {})},
+                  "metrics": metrics, **unit_provenance(resources.device)}
+        commit_record(store, iteration_record(scope, i), record, force=force)
+        records.append(record)
+        if previous is not None:
+            _discard(store, previous, records)
+        live.forget(current)
+        current = new
+        logger.info(f"rl: iteration {i + 1}/{config.iterations}: {report.success_rate:.0%} of {len(rollouts)} "
+                    f"rollouts succeeded, loss {report.loss:.4f}, {report.masked_tokens} reasoning tokens masked, "
+                    f"{report.counts.get('skipped_rows', 0)} rows of advantage 0 left out, {metrics['seconds']:.0f} s")
+        if _evaluated_at(i + 1, config) and (point := _evaluate(store, live, current, i + 1, evaluate, resources,
+                                                                 config)) is not None:
+            evaluations.append(point)
+        if on_progress is not None:
+            on_progress(RunProgress(i + 1, config.iterations, (time.perf_counter() - began) * (i + 1) / (i + 1 - resumed_at),
+                                    f"{report.success_rate:.0%} of the rollouts won, loss {report.loss:.4f}"))
+    final = PolicyRef(digest=records[-1]["policy_digest"], folder=records[-1]["objects"]["checkpoint"]) \
+        if records else start
+    return {"objects": {"checkpoint": final.folder} if final.folder else {}, "policy_digest": final.digest,
+            "metrics": {"iterations": [r["metrics"] for r in records], "evaluations": evaluations,
+                        "scope": scope, **_totals(records)}}
+
+
+def _evaluated_at(iteration: int, config: RLConfig) -> bool:
+    """Whether the policy after `iteration` iterations (0: the starting one) plays the held-out tasks."""
+    return bool(config.eval_every) and (iteration % config.eval_every == 0 or iteration == config.iterations)
+
+
+def _evaluate(store: ArtifactStore, live: LiveRun, policy: PolicyRef, iteration: int, evaluate: EvalConfig,
+              resources: Resources, config: RLConfig) -> dict[str, Any] | None:
+    from tasks.base import StageNotRun
+    from tasks.training_stages import evaluate as evaluate_stage
+
+    sampler = live.lazy_sampler(policy, "evaluate") if evaluate.sampler == config.sampler else None
+    label = f"rl iteration {iteration}"
+    try:
+        evaluated = evaluate_stage(store, policy, evaluate, resources, label=label, sampler=sampler,
+                                   only_cached=policy.folder is None and policy.path is None)
+    except StageNotRun:
+        logger.warning(f"rl: the policy after iteration {iteration} was not evaluated with these settings and its "
+                       "checkpoint was not kept (rl.keep_every): its point is left out of the curve")
+        return None
+    return {"iteration": iteration, "policy_digest": policy.digest, "episodes_object": evaluated["objects"]["episodes"],
+            "seconds": evaluated["wall_s"], **evaluated["metrics"]}
+
+
+def _evaluations(store: ArtifactStore, live: LiveRun, records: list[dict[str, Any]], start: PolicyRef,
+                 current: PolicyRef, config: RLConfig, evaluate: EvalConfig, resources: Resources
+                 ) -> list[dict[str, Any]]:
+    """The evaluations of the iterations done before this call (the start's, then every eval point):
+    cached stages, but the last committed iteration's when the run stopped before evaluating it (its
+    policy is `current`, the state the run resumes from), and an earlier one whose checkpoint was kept."""
+    done = []
+    for iteration in range(len(records) + 1):
+        if not _evaluated_at(iteration, config):
+            continue
+        if iteration == 0:
+            policy = start
+        elif iteration == len(records):
+            policy = current
+        else:
+            record = records[iteration - 1]
+            policy = PolicyRef(digest=record["policy_digest"], folder=record["objects"].get("checkpoint"))
+        point = _evaluate(store, live, policy, iteration, evaluate, resources, config)
+        if point is not None:
+            done.append(point)
+    return done
+
+
+def _totals(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the summary and the report read of the run as a whole: the last iteration's loss terms."""
+    if not records:
+        return {}
+    last = records[-1]["metrics"]
+    return {k: last[k] for k in ("loss", "actor_loss", "closure_loss", "masked_tokens", "closure_terms", "policy_tokens",
+                                 "total_turns", "success_rate", "processes", "step_losses", "grad_norms") if k in last}
+
+
+def _discard(store: ArtifactStore, previous: dict[str, Any], records: list[dict[str, Any]]) -> None:
+    """Remove the superseded state's objects from the store, unless a record still reaches them (a
+    kept iteration's checkpoint, files every checkpoint shares, another run's)."""
+    from storage.gc import discard_unreferenced
+
+    discard_unreferenced(store, previous["objects"].values())
+
+
+class LiveRun:
+    """What an RL run keeps across its iterations in this process: the trainer (model, tokenizer,
+    optimizer: the policy of the iteration at hand) and the sampler that plays it. Built lazily: a run
+    whose samples and evaluations are all cached builds no engine. `phases` holds the seconds spent
+    building the engine and loading weights into it since it was last cleared."""
+
+    def __init__(self, store: ArtifactStore, start: PolicyRef, config: RLConfig, resources: Resources):
+        self.store, self.start, self.config, self.resources = store, start, config, resources
+        self.model = self.tokenizer = self.optimizer = self.renderer = None
+        self.holds: PolicyRef | None = None  # the policy the trainer's model holds
+        self.engine = None  # a vLLM sampler over `engine_holds`
+        self.engine_holds: PolicyRef | None = None
+        self.created: list[Path] = []  # local checkpoint folders this run wrote (removed when superseded)
+        self.superseded: list[PolicyRef] = []
+        self.phases: dict[str, float] = {}
+
+    def __enter__(self) -> LiveRun:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- the trainer ------------------------------------------------------------------------------
+    def _trainer(self, policy: PolicyRef) -> None:
+        if self.model is not None:
+            if self.holds.digest != policy.digest:
+                raise RuntimeError(f"the RL run's trainer holds policy {self.holds.digest[:12]}, not {policy.digest[:12]}")
+            return
+        from race_core.render import Renderer
+        from race_core.train.rl import make_optimizer
+
+        self.model, self.tokenizer = policy.load(self.store, self.resources)
+        self.renderer = Renderer(self.tokenizer)
+        self.optimizer = make_optimizer(self.model, self.config)
+        self.holds = policy
+
+    def restore(self, policy: PolicyRef, optimizer: str) -> None:
+        """The trainer at a saved state: the policy's checkpoint and the optimizer's state object."""
+        import tempfile
+
+        from race_core.train.optimizer_state import load_optimizer
+
+        self.close_trainer()
+        self._trainer(policy)
+        with tempfile.TemporaryDirectory(prefix="race-optimizer-") as tmp:
+            load_optimizer(self.optimizer, self.model, self.store.restore_folder(optimizer, tmp))
+
+    def close_trainer(self) -> None:
+        self.model = self.tokenizer = self.optimizer = self.renderer = self.holds = None
+
+    def update(self, rollouts, iteration: int, epsilon: float):
+        """One update of the trainer's policy on its rollouts: the `RLReport`."""
+        from race_core.memory import release_freed_memory
+        from race_core.train.distributed import TrainOptions
+        from race_core.train.rl import update_from_rollouts
+
+        self._trainer(self.holds or self.start)
+        report = update_from_rollouts(self.model, self.tokenizer, rollouts, self.config, optimizer=self.optimizer,
+                                      renderer=self.renderer, epsilon=epsilon, iteration=iteration,
+                                      options=TrainOptions(mixed_precision=self.resources.mixed_precision,
+                                                           gradient_checkpointing=self.resources.gradient_checkpointing))
+        self.optimizer.zero_grad(set_to_none=True)
+        self.holds = None  # the weights moved: `save` names them
+        release_freed_memory()
+        return report
+
+    def save(self, store: ArtifactStore) -> tuple[PolicyRef, str]:
+        """The trainer's policy and optimizer state into the store: (the policy, the state's object).
+        The checkpoint folder stays in this host's checkpoint cache, where the engine reads it."""
+        import tempfile
+
+        from race_core.policy import checkpoint_digest, save_policy
+        from race_core.train.optimizer_state import save_optimizer
+
+        cache = checkpoint_cache()
+        cache.mkdir(parents=True, exist_ok=True)
+        staging = cache / f".rl-{uuid.uuid4().hex}"
+        try:
+            save_policy(self.model, self.tokenizer, staging)
+            folder = put_checkpoint(store, staging)
+            digest = checkpoint_digest(staging)
+            target = cache / folder
+            if (target / ".complete").exists():
+                shutil.rmtree(staging)
+            else:
+                shutil.rmtree(target, ignore_errors=True)
+                staging.rename(target)
+                (target / ".complete").write_text(folder)
+                self.created.append(target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        with tempfile.TemporaryDirectory(prefix="race-optimizer-") as tmp:
+            optimizer = store.put_folder(save_optimizer(self.optimizer, self.model, tmp))
+        self.holds = PolicyRef(digest=digest, folder=folder)
+        return self.holds, optimizer
+
+    # -- the sampler --------------------------------------------------------------------------------
+    def sampler(self, policy: PolicyRef, purpose: str):
+        """A sampler that plays `policy` (`purpose`: sample or evaluate, whose stages batch alike)."""
+        if self.config.sampler == "hf":
+            from race_core.sampling.hf import HFSampler
+
+            batch = 32 if purpose == "sample" else 64  # as the sample and evaluate stages batch their own
+            if self.model is not None and self.holds is not None and self.holds.digest != policy.digest:
+                model, tokenizer = policy.load(self.store, self.resources)  # another policy of the run's (resumed)
+                return HFSampler(model, tokenizer, batch_size=batch)
+            self._trainer(policy)
+            return HFSampler(self.model, self.tokenizer, renderer=self.renderer, batch_size=batch)
+        if self.engine is None:
+            from race_core.sampling import make_sampler
+
+            at = time.perf_counter()
+            self.engine = make_sampler(self.config.sampler, self.start.local_path(self.store),
+                                       device=self.resources.device, dtype=self.resources.dtype,
+                                       **self.resources.engine_options(self.config.sampler))
+            self.engine_holds = self.start
+            self.phases["engine_start"] = round(time.perf_counter() - at, 3)
+        if self.engine_holds.digest != policy.digest:
+            at = time.perf_counter()
+            self.engine.load_weights(policy.local_path(self.store))
+            self.engine_holds = policy
+            self.phases["weight_load"] = round(time.perf_counter() - at, 3)
+            self._sweep()
+        return self.engine
+
+    def lazy_sampler(self, policy: PolicyRef, purpose: str) -> _LazySampler:
+        """`sampler(policy, purpose)`, made (the engine built, the weights loaded) only when a stage
+        that is not cached plays something."""
+        return _LazySampler(self, policy, purpose)
+
+    def forget(self, policy: PolicyRef) -> None:
+        """`policy` is superseded: its local checkpoint folder goes once no sampler reads it, if this
+        run wrote it."""
+        self.superseded.append(policy)
+        self._sweep()
+
+    def _sweep(self) -> None:
+        for policy in list(self.superseded):
+            if self.engine_holds is not None and self.engine_holds.digest == policy.digest:
+                continue
+            self.superseded.remove(policy)
+            folder = checkpoint_cache() / policy.folder if policy.folder else None
+            if folder in self.created:
+                shutil.rmtree(folder, ignore_errors=True)
+                self.created.remove(folder)
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+        self.engine = self.engine_holds = None
+        self.close_trainer()
+
+
+class _LazySampler:
+    """A sampler that asks its `LiveRun` for the real one when first used (see `LiveRun.lazy_sampler`)."""
+
+    def __init__(self, live: LiveRun, policy: PolicyRef, purpose: str):
+        from race_core.policy import load_tokenizer
+        from race_core.render import Renderer
+
+        self.live, self.policy, self.purpose = live, policy, purpose
+        if live.renderer is None:
+            live.renderer = Renderer(load_tokenizer(live.start.local_path(live.store)))
+        self.renderer = live.renderer
+        self.name = live.config.sampler
+
+    def sample(self, prompts, params):
+        return self.live.sampler(self.policy, self.purpose).sample(prompts, params)
+
+
+def rl_run_stage(store: ArtifactStore, *, policy: PolicyRef | dict[str, Any], config: RLConfig, cover: CoverConfig,
+                 evaluate: EvalConfig, resources: Resources, only_cached: bool = False, force: bool = False,
+                 on_progress: Callable[[RunProgress], None] | None = None) -> dict[str, Any]:
+    """The rl stage's entry (`tasks.declarations`): `config.iterations` RL iterations from a policy (an
+    sft manifest, or a PolicyRef), the cover at `config.epsilon` or else the run's ε (`cover.epsilon`)."""
+    return rl_run(store, PolicyRef.of(policy), config, cover.epsilon, evaluate, resources, only_cached=only_cached,
+                  force=force, on_progress=on_progress)
+
