@@ -56,6 +56,8 @@ class AblatePreset:
     input_tasks: int = ABLATE_INPUT_TASKS
     epsilons: tuple[float, ...] = ()  # several: the sweep on the inputs chooses; none: config.cover.epsilon
     length_penalties: tuple[float, ...] = ()  # λ of the GRPO + reasoning-length-penalty runs (one RL run each)
+    skip_bonuses: tuple[float, ...] = ()  # δ of the AdaptThink-style runs (one RL run each)
+    rl_arms: tuple[str, ...] | None = None  # the RL runs (`race_core.ablation.rl_phases` names); None: all
     rl_eval_every: int = 0  # evaluate the RL policies every N iterations too (0: only after the last)
     rl_seeds: int = 0  # RL runs from the RACE policies of the first N seeds (0: every seed)
     curve: int = 0  # sweep ε values on each side of the chosen one where RACE and local-only are also trained
@@ -152,10 +154,13 @@ def _overrides(preset: str, seeds: tuple[int, ...], curve: int, rl_iterations: i
         (f"--rl-iterations {rl_iterations}", rl_iterations != given.config.rl.iterations)) if differs)
 
 
-def _metrics(evaluated: dict[str, Any], policy: PolicyRef | dict[str, Any]) -> dict[str, Any]:
-    m = evaluated["metrics"]
-    return {"success_rate": m["success_rate"], "reasoning_tokens_per_episode": m["reasoning_tokens_per_episode"],
-            "turns_per_episode": m["turns_per_episode"], "policy_digest": PolicyRef.of(policy).digest}
+EVAL_FIGURES = ("success_rate", "success_stderr", "reasoning_tokens_per_episode", "skip_ratio",
+                "reasoning_tokens_per_thinking_turn", "turns_per_episode")  # the paper's, per evaluated policy
+
+
+def _metrics(evaluated: dict[str, Any], policy_digest: str) -> dict[str, Any]:
+    """An evaluation's figures (an evaluate manifest's metrics) and the policy they are of."""
+    return {**{k: evaluated[k] for k in EVAL_FIGURES if k in evaluated}, "policy_digest": policy_digest}
 
 
 @task(name="epsilon-sweep", **RETRY, tags=["gpu"], cache_policy=NO_CACHE)
@@ -178,8 +183,12 @@ def race_ablate(home: str = ".race", out: str = "runs/ablate", seeds: tuple[int,
                 bootstrap: AgentBootstrapConfig | None = None, epsilons: tuple[float, ...] = (),
                 arms: tuple[str, ...] = ARMS, preset: str = "", left_out: str = "",
                 length_penalties: tuple[float, ...] = (), rl_eval_every: int = 0, curve: int = 0,
-                rl_seeds: int = 0) -> dict[str, Any]:
-    """The arms x `seeds` SFT runs, then cover-aware RL vs plain GRPO from each seed's RACE policy.
+                rl_seeds: int = 0, skip_bonuses: tuple[float, ...] = (),
+                rl_arms: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """The arms x `seeds` SFT runs, then the RL arms (`race_core.ablation.rl_phases`: SFT + GRPO, RACE-SFT
+    + cover-aware RL, + GRPO, + the closure term alone, + GRPO with a length penalty λ, + an
+    AdaptThink-style reward δ) from the first `rl_seeds` seeds' SFT policies (0: every seed), each one RL
+    run (`tasks.rl_run`) evaluated every `rl_eval_every` iterations. `rl_arms`: which (default all).
 
     The policy: `config.checkpoint`, made a calculator policy first by `bootstrap` when given (a chat
     checkpoint, `race_core.train.checkpoint_bootstrap`), else the kinds bootstrap policy. The inputs:
@@ -232,7 +241,7 @@ def race_ablate(home: str = ".race", out: str = "runs/ablate", seeds: tuple[int,
     before = evaluate(store, policy=base, label="before", config=config.evaluate, resources=resources)
     manifests.append(before)
     results: list[dict[str, Any]] = []
-    race_policies: dict[int, dict[str, Any]] = {}
+    sft_policies: dict[tuple[str, int], dict[str, Any]] = {}
     for seed in seeds:  # seed by seed: a run stopped part way holds every arm at the seeds it finished
         for arm in (a for a in ARMS if a in arms):
             policy = stage_task("sft")(store, compressed=compressed[arm], base=base, config=replace(config.sft, seed=seed),
@@ -240,32 +249,30 @@ def race_ablate(home: str = ".race", out: str = "runs/ablate", seeds: tuple[int,
             evaluated = evaluate(store, policy=policy, label=f"{arm} seed {seed}", config=config.evaluate,
                                  resources=resources)
             manifests += [policy, evaluated]
-            results.append({"arm": arm, "seed": seed, **_metrics(evaluated, policy)})
-            if arm == "race":
-                race_policies[seed] = policy
+            results.append({"arm": arm, "seed": seed, **_metrics(evaluated["metrics"], PolicyRef.of(policy).digest)})
+            sft_policies[(arm, seed)] = policy
     results.sort(key=lambda e: (ARMS.index(e["arm"]), seeds.index(e["seed"])))  # the tables' order: arm, then seed
-    every = rl_eval_every or config.rl.iterations  # greedy held-out figures: after the last iteration, or every N
+    every = rl_eval_every or config.rl.iterations  # greedy held-out figures every N iterations (and after the last)
     diagnostics: dict[str, list[dict[str, Any]]] = {}
     if config.rl.iterations:
-        rl_from = seeds[:rl_seeds] if rl_seeds else seeds
-        for entry in (e for e in results if e["arm"] == "race" and e["seed"] in rl_from):
-            for phase, cover_aware, penalty in rl_phases(length_penalties):
-                rl = replace(config.rl, seed=entry["seed"], cover_aware=cover_aware, length_penalty=penalty)
-                policy: Any = race_policies[entry["seed"]]
-                figures = []  # greedy held-out figures every `every` iterations (and after the last)
-                for i in range(rl.iterations):
-                    sampled = stage_task("sample")(store, policy=policy, iteration=i, config=rl, resources=resources)
-                    policy = stage_task("rl")(store, policy=policy, sampled=sampled, iteration=i, config=rl,
-                                              cover=replace(config.cover, epsilon=eps), resources=resources)
-                    manifests += [sampled, policy]
-                    diagnostics.setdefault(f"{phase} seed {entry['seed']}", []).append(
-                        {"iteration": i + 1, "rollouts_object": sampled["objects"]["rollouts"], **policy["metrics"]})
-                    if (i + 1) % every == 0 or i + 1 == rl.iterations:
-                        evaluated = evaluate(store, policy=policy, config=config.evaluate, resources=resources,
-                                             label=f"race+{phase} seed {entry['seed']} iteration {i + 1}")
-                        manifests.append(evaluated)
-                        figures.append({"iteration": i + 1, **_metrics(evaluated, policy)})
-                entry[phase] = {**figures[-1], "curve": figures, "moved_after": _moved_after(entry, figures)}
+        entries = {(e["arm"], e["seed"]): e for e in results}
+        for seed in (seeds[:rl_seeds] if rl_seeds else seeds):  # seed by seed, as the SFT arms
+            for arm, phase, fields in rl_phases(length_penalties, skip_bonuses, rl_arms):
+                entry = entries.get((arm, seed))
+                if entry is None:  # its SFT arm was left out of this run
+                    continue
+                rl = replace(config.rl, seed=seed, eval_every=every, **fields)
+                ran = stage_task("rl")(store, policy=sft_policies[(arm, seed)], config=rl,
+                                       cover=replace(config.cover, epsilon=eps), evaluate=config.evaluate,
+                                       resources=resources)
+                manifests.append(ran)
+                diagnostics[f"{arm}+{phase} seed {seed}"] = ran["metrics"]["iterations"]
+                figures = [{"iteration": p["iteration"], **_metrics(p, p["policy_digest"])}
+                           for p in ran["metrics"]["evaluations"] if p["iteration"] > 0]
+                seconds = sum(m["seconds"] for m in ran["metrics"]["iterations"]) + sum(
+                    p.get("seconds", 0.0) for p in ran["metrics"]["evaluations"])
+                entry[phase] = {**figures[-1], "curve": figures, "moved_after": _moved_after(entry, figures),
+                                "seconds": round(seconds, 1)}
     points = [{**{k: v for k, v in e.items() if not isinstance(v, dict)}, "epsilon": eps}
               for e in results if e["arm"] in COVER_ARMS and e["seed"] == seeds[0]]
     for other in curve_epsilons(eps, epsilons, curve):  # the trade-off curve: RACE and local-only at other ε
@@ -280,11 +287,12 @@ def race_ablate(home: str = ".race", out: str = "runs/ablate", seeds: tuple[int,
             evaluated = evaluate(store, policy=policy, label=f"{arm} ε {other:g} seed {seeds[0]}",
                                  config=config.evaluate, resources=resources)
             manifests += [decided, squeezed, policy, evaluated]
-            points.append({"arm": arm, "seed": seeds[0], "epsilon": other, **_metrics(evaluated, policy)})
+            points.append({"arm": arm, "seed": seeds[0], "epsilon": other,
+                           **_metrics(evaluated["metrics"], PolicyRef.of(policy).digest)})
     result = {
         "arms": results,
         "curve": sorted(points, key=lambda p: (p["arm"], p["epsilon"])),  # RACE and local-only at each ε, first seed
-        "before": _metrics(before, base),
+        "before": _metrics(before["metrics"], base.digest),
         "removed_by_kind": _removed_by_kind(store, ingested, compressed),
         "cross_turn": _cross_turn(store, compressed),
         "training": {arm: compressed[arm]["metrics"] for arm in compressed},
@@ -298,7 +306,9 @@ def race_ablate(home: str = ".race", out: str = "runs/ablate", seeds: tuple[int,
                 "arms": list(arms),
                 "epsilon": eps, "policy_digest": base.digest, "inputs": paths, "store": store,
                 "rl_iterations": config.rl.iterations, "rl_seeds": list(seeds[:rl_seeds] if rl_seeds else seeds),
-                "length_penalties": list(length_penalties), "curve": curve,
+                "length_penalties": list(length_penalties), "skip_bonuses": list(skip_bonuses), "curve": curve,
+                "rl_arms": [f"{a}+{p}" for a, p, _ in rl_phases(length_penalties, skip_bonuses, rl_arms)],
+                "rl_eval_every": every if config.rl.iterations else 0,
                 "rollouts_per_iteration": config.rl.tasks_per_iteration * config.rl.group_size,
                 "eval_tasks": config.evaluate.tasks, "wall_s": round(time.perf_counter() - started, 1)},
     }

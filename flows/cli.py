@@ -35,7 +35,7 @@ from deployments import NIGHTLY_CRON, SERVE_DEFAULTS
 from flows import LOGGERS
 from flows.ablate import ABLATE_CONFIG, PRESETS
 from flows.options import add_config_options, config_from_args
-from race_core.ablation import ARMS
+from race_core.ablation import ARMS, RL_ARMS
 from race_core.config import (
     COVER_STAGES,
     DEFAULT_EPSILON,
@@ -108,6 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="training tasks (of the preset's RL task shape) the policy plays for input, 2 episodes each "
                         "(default: the preset's)")
     p.add_argument("--arms", nargs="+", choices=ARMS, help="the arms to run (default: the preset's; race always)")
+    p.add_argument("--rl-arms", nargs="+", metavar="RUN",
+                   help=f"the RL runs: {', '.join(RL_ARMS)}, race+grpo+lp<λ>, race+adapt<δ> (default: the preset's; "
+                        "each needs its SFT arm)")
+    p.add_argument("--rl-seeds", type=int, metavar="N",
+                   help="RL runs from the first N seeds' SFT policies (default: the preset's; 0: every seed)")
     p.add_argument("--epsilon", nargs="+", type=float, metavar="EPSILON", dest="epsilons",
                    help="ε of the cover; several: a sweep on the inputs chooses one and says why (default: the "
                         "preset's sweep for a checkpoint, 1e-3 for the tiny policy)")
@@ -342,10 +347,25 @@ def cmd_ablate(args) -> int:
                          left_out=preset.left_out, length_penalties=preset.length_penalties,
                          rl_eval_every=preset.rl_eval_every,
                          curve=preset.curve if args.curve is None else args.curve,
-                         rl_seeds=preset.rl_seeds)
+                         rl_seeds=preset.rl_seeds if args.rl_seeds is None else args.rl_seeds,
+                         skip_bonuses=preset.skip_bonuses, rl_arms=_rl_arms(args.rl_arms, preset))
     print((Path(args.out) / "report.md").read_text())
     print(f"ablation: {Path(args.out) / 'ablation.json'} ({result['run']['wall_s']} s)")
     return 0
+
+
+def _rl_arms(asked: list[str] | None, preset) -> tuple[str, ...] | None:
+    """The RL runs asked for, checked against the ones the preset's λ and δ make: an unknown name is an
+    error that lists them."""
+    from race_core.ablation import rl_phases
+
+    if not asked:
+        return preset.rl_arms
+    known = [f"{arm}+{phase}" for arm, phase, _ in rl_phases(preset.length_penalties, preset.skip_bonuses)]
+    unknown = [name for name in asked if name not in known]
+    if unknown:
+        raise SystemExit(f"race ablate: --rl-arms {' '.join(unknown)}: not one of this preset's RL runs ({', '.join(known)})")
+    return tuple(asked)
 
 
 def cmd_report(args) -> int:

@@ -25,18 +25,44 @@ from race_core.envs.base import REASONING_KINDS
 from race_core.schema import Trajectory
 
 ARMS = ("none", "race", "local", "random", "all")
-def rl_phases(length_penalties: Sequence[float] = ()) -> list[tuple[str, bool, float]]:
-    """(name, cover_aware, length penalty λ) of each RL run an ablation makes from a RACE policy:
-    cover-aware RL, plain GRPO, and GRPO with a reasoning-length penalty at each λ (`grpo+lp<λ>`)."""
-    return [("rl", True, 0.0), ("grpo", False, 0.0), *((f"grpo+lp{lam:g}", False, lam) for lam in length_penalties)]
+RL_ARMS = ("none+grpo", "race+rl", "race+grpo", "race+close")  # the paper's RL rows; +lp<λ>, +adapt<δ> beside them
+
+
+def rl_phases(length_penalties: Sequence[float] = (), skip_bonuses: Sequence[float] = (),
+              arms: Sequence[str] | None = None) -> list[tuple[str, str, dict[str, Any]]]:
+    """(SFT arm, phase, RLConfig fields) of each RL run an ablation makes, named `<arm>+<phase>` in
+    its tables (the paper's Table 2 rows and the users' alternatives, on the same rollout budget):
+    - `none+grpo`: SFT on the trajectories as they came, then plain GRPO (the paper's baseline);
+    - `race+rl`: RACE-SFT, then cover-aware RL (the method);
+    - `race+grpo`: RACE-SFT, then plain GRPO (no LoGiC in RL);
+    - `race+close`: RACE-SFT, then RL with the closure term alone (no reasoning mask);
+    - `race+grpo+lp<λ>`: RACE-SFT, then GRPO with a reasoning-length penalty λ per token;
+    - `race+adapt<δ>`: RACE-SFT, then GRPO with an AdaptThink-style reward (+ δ × the share of turns
+      without reasoning, on successful rollouts).
+    `arms`: which of them (default every one)."""
+    runs = [("none", "grpo", {"cover_aware": False}), ("race", "rl", {"cover_aware": True}),
+            ("race", "grpo", {"cover_aware": False}), ("race", "close", {"cover_aware": True, "mask_reasoning": False}),
+            *(("race", f"grpo+lp{lam:g}", {"cover_aware": False, "length_penalty": lam}) for lam in length_penalties),
+            *(("race", f"adapt{delta:g}", {"cover_aware": False, "skip_bonus": delta}) for delta in skip_bonuses)]
+    return [run for run in runs if arms is None or f"{run[0]}+{run[1]}" in arms]
 
 
 def phases_of(entry: Mapping[str, Any]) -> list[str]:
-    """The RL phases an ablation entry holds, in `rl_phases` order (rl, grpo, then grpo+lp by λ),
-    whatever order its keys came in (a JSON file's are sorted)."""
+    """The RL phases an ablation entry holds, in `rl_phases` order (rl, grpo, close, then grpo+lp by λ,
+    adapt by δ), whatever order its keys came in (a JSON file's are sorted)."""
     found = [k for k, v in entry.items() if isinstance(v, Mapping) and "success_rate" in v]
-    first = {"rl": 0, "grpo": 1}
-    return sorted(found, key=lambda k: (first.get(k, 2), float(k.removeprefix("grpo+lp")) if k not in first else 0))
+    first = {"rl": 0, "grpo": 1, "close": 2}
+
+    def order(name: str) -> tuple[int, float]:
+        if name in first:
+            return first[name], 0.0
+        if name.startswith("grpo+lp"):
+            return 3, float(name.removeprefix("grpo+lp"))
+        return 4, float(name.removeprefix("adapt")) if name.startswith("adapt") else 0.0
+
+    return sorted(found, key=order)
+
+
 DERIVED_ARMS = ("none", "random", "all")  # made from the trajectories and the race arm's counts
 COVER_ARMS = {"race": False, "local": True}  # arm -> local_only of its cover
 

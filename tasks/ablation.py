@@ -25,7 +25,7 @@ from tasks.stages import iter_trajectories, run_stage, write_compressed
 
 logger = logging.getLogger(__name__)
 
-METRICS = ("success_rate", "reasoning_tokens_per_episode")
+METRICS = ("success_rate", "reasoning_tokens_per_episode", "skip_ratio", "reasoning_tokens_per_thinking_turn")
 
 
 def removals(store: ArtifactStore, compressed_digest: str) -> dict[str, list[int]]:
@@ -80,13 +80,15 @@ def spread(values: list[float]) -> dict[str, float]:
 
 
 def summarize(arms: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """(arm, phase) -> mean / min / max / std over seeds of each metric."""
+    """(arm, phase) -> mean / min / max / std over seeds of each metric (those an entry has: an
+    ablation recorded before a figure existed lacks it)."""
     out: dict[str, dict[str, Any]] = {}
     for entry in arms:
         phases = {entry["arm"]: entry} | {f"{entry['arm']}+{p}": entry[p] for p in phases_of(entry)}
         for key, values in phases.items():
             for m in METRICS:
-                out.setdefault(key, {}).setdefault(m, []).append(values[m])
+                if m in values:
+                    out.setdefault(key, {}).setdefault(m, []).append(values[m])
     return {key: {m: spread(v) for m, v in metrics.items()} | {"seeds": len(metrics[METRICS[0]])}
             for key, metrics in out.items()}
 
@@ -98,6 +100,9 @@ def write_ablation(out_dir: str | Path, result: dict[str, Any]) -> dict[str, Pat
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     result = {**result, "summary": summarize(result["arms"])}
+    curves = plot_rl_curves(result, out / "ablation-rl.png")
+    if curves:
+        result["rl_plot"] = curves.name
     (out / "ablation.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     plot = plot_ablation(result, out / "ablation.png")
     markdown = render_markdown(result, plot.name if plot else None)
@@ -106,6 +111,8 @@ def write_ablation(out_dir: str | Path, result: dict[str, Any]) -> dict[str, Pat
                "html": write_page(out / "report.html", "RACE ablation", markdown)}
     if plot:
         written["plot"] = plot
+    if curves:
+        written["rl_plot"] = curves
     return written
 
 
@@ -151,6 +158,55 @@ def plot_ablation(result: dict[str, Any], path: Path) -> Path | None:
     return path
 
 
+_RL_PANELS = (  # (where, metric, title): per RL iteration, the training rollouts' figures and the held-out ones
+    ("train", "success_rate", "training rollouts: success"), ("train", "reasoning_tokens_per_episode",
+                                                                "training rollouts: reasoning tokens / episode"),
+    ("train", "skip_ratio", "training rollouts: turns without reasoning"),
+    ("train", "masked_tokens", "masked reasoning tokens"), ("train", "closure_loss", "closure loss"),
+    ("heldout", "success_rate", "held-out (greedy): success"),
+    ("heldout", "reasoning_tokens_per_episode", "held-out: reasoning tokens / episode"),
+    ("heldout", "skip_ratio", "held-out: turns without reasoning"))
+
+
+def plot_rl_curves(result: dict[str, Any], path: Path) -> Path | None:
+    """The RL runs' learning curves, one line per run and seed: the training rollouts' success,
+    reasoning tokens, skip ratio, masked tokens and closure loss per iteration, and the held-out
+    figures at each evaluated iteration (iteration 0: the SFT policy the run started from)."""
+    from report.markdown import _pyplot
+
+    diagnostics = result.get("rl_diagnostics") or {}
+    if not diagnostics:
+        return None
+    starts = {(e["arm"], e["seed"]): e for e in result["arms"]}
+    plt = _pyplot()
+    fig, axes = plt.subplots(2, 4, figsize=(16, 7))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    names = sorted({run.rsplit(" seed ", 1)[0] for run in diagnostics})
+    for run, iterations in diagnostics.items():
+        name, seed = run.rsplit(" seed ", 1)
+        arm, phase = name.split("+", 1)
+        color = colors[names.index(name) % len(colors)]
+        style = "-" if int(seed) == min(int(r.rsplit(" seed ", 1)[1]) for r in diagnostics) else "--"
+        held = [starts[(arm, int(seed))], *starts[(arm, int(seed))].get(phase, {}).get("curve", [])] \
+            if (arm, int(seed)) in starts else []
+        for ax, (where, metric, title) in zip(axes.flat, _RL_PANELS, strict=True):
+            if where == "train":
+                points = [(m["iteration"], m.get(metric)) for m in iterations]
+            else:
+                points = [(p.get("iteration", 0), p.get(metric)) for p in held]
+            points = [(x, y) for x, y in points if y is not None]
+            if points:
+                ax.plot(*zip(*points, strict=True), style, color=color, marker="." if where == "heldout" else None,
+                        label=f"{name} (seed {seed})")
+            ax.set_title(title, fontsize=9)
+            ax.set_xlabel("RL iteration", fontsize=8)
+    axes.flat[0].legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def _curves(result: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     """The trade-off curve's points by arm, by ε (arms with a single point make no curve)."""
     by_arm: dict[str, list[dict[str, Any]]] = {}
@@ -162,6 +218,50 @@ def _curves(result: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
 def _cell(s: dict[str, float], pct: bool) -> str:
     k = 100 if pct else 1
     return f"{k * s['mean']:.1f} [{k * s['min']:.1f}, {k * s['max']:.1f}]"
+
+
+def _vs(s: dict[str, Any], base: dict[str, Any] | None) -> str:
+    """The arm's reasoning tokens per episode against `base`'s, in percent."""
+    if not base or not base["reasoning_tokens_per_episode"]["mean"]:
+        return ""
+    return f"{100 * (s['reasoning_tokens_per_episode']['mean'] / base['reasoning_tokens_per_episode']['mean'] - 1):+.0f}%"
+
+
+def arms_table(result: dict[str, Any]) -> list[str]:
+    """The ablation's table: per arm (SFT arms, then RL runs), mean [min, max] over seeds of success
+    with its standard error (of the pooled episodes), reasoning tokens per episode, the skip ratio,
+    reasoning tokens per thinking turn, and reasoning tokens against `none` and against `none+grpo`."""
+    summary = result["summary"]
+    episodes = result.get("run", {}).get("eval_tasks") or 0
+    rl = "none+grpo" in summary
+    lines = ["Held-out greedy evaluation; mean [min, max] over seeds; ± the standard error of the success rate over "
+             "the seeds' pooled episodes.", "",
+             "| arm | seeds | success rate (%) | reasoning tokens / episode | skip ratio (%) | reasoning tokens / "
+             "thinking turn | tokens vs none |" + (" tokens vs none+grpo |" if rl else ""),
+             "|---|---|---|---|---|---|---|" + ("---|" if rl else "")]
+    before = result.get("before")
+    if before:
+        skip = f"{100 * before['skip_ratio']:.1f}" if "skip_ratio" in before else "-"
+        per_turn = f"{before['reasoning_tokens_per_thinking_turn']:.1f}" if "reasoning_tokens_per_thinking_turn" in before \
+            else "-"
+        lines.append(f"| before SFT | - | {100 * before['success_rate']:.1f}{_stderr(before['success_rate'], episodes)} | "
+                     f"{before['reasoning_tokens_per_episode']:.1f} | {skip} | {per_turn} | |" + (" |" if rl else ""))
+    order = [a for a in ARMS if a in summary] + sorted(k for k in summary if k not in ARMS)
+    for arm in order:
+        s = summary[arm]
+        cells = [_cell(s["success_rate"], True) + _stderr(s["success_rate"]["mean"], episodes * s["seeds"]),
+                 _cell(s["reasoning_tokens_per_episode"], False),
+                 _cell(s["skip_ratio"], True) if "skip_ratio" in s else "-",
+                 _cell(s["reasoning_tokens_per_thinking_turn"], False) if "reasoning_tokens_per_thinking_turn" in s
+                 else "-", _vs(s, summary.get("none"))]
+        if rl:
+            cells.append(_vs(s, summary["none+grpo"]) if "+" in arm else "")
+        lines.append(f"| {arm} | {s['seeds']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _stderr(p: float, n: int) -> str:
+    return f" ± {100 * (p * (1 - p) / n) ** 0.5:.1f}" if n else ""
 
 
 def render_markdown(result: dict[str, Any], plot: str | None) -> str:
@@ -187,24 +287,7 @@ def render_markdown(result: dict[str, Any], plot: str | None) -> str:
             lines += ["", "| ε | removal share | reasoning kept |", "|---|---|---|"]
             lines += [f"| {r['epsilon']:g} | {100 * r['removal_share']:.1f}% | {100 * r['kept_share']:.1f}% |"
                       for r in choice["rows"]]
-    summary = result["summary"]
-    base = summary.get("none")
-    lines += ["", "Held-out greedy evaluation; mean [min, max] over SFT seeds.", "",
-              "| arm | seeds | success rate (%) | reasoning tokens / episode | tokens vs none |",
-              "|---|---|---|---|---|"]
-    before = result.get("before")
-    if before:
-        lines.append(f"| before SFT | - | {100 * before['success_rate']:.1f} | "
-                     f"{before['reasoning_tokens_per_episode']:.1f} | |")
-    order = [a for a in ARMS if a in summary] + sorted(k for k in summary if k not in ARMS)
-    for arm in order:
-        s = summary[arm]
-        vs = ""
-        if base and base["reasoning_tokens_per_episode"]["mean"]:
-            ratio = s["reasoning_tokens_per_episode"]["mean"] / base["reasoning_tokens_per_episode"]["mean"]
-            vs = f"{100 * (ratio - 1):+.0f}%"
-        lines.append(f"| {arm} | {s['seeds']} | {_cell(s['success_rate'], True)} | "
-                     f"{_cell(s['reasoning_tokens_per_episode'], False)} | {vs} |")
+    lines += ["", *arms_table(result)]
     cross = result.get("cross_turn") or {}
     if cross.get("race") or cross.get("local_vs_race"):
         lines += ["", "## The cross-turn check", ""]
@@ -243,17 +326,24 @@ def render_markdown(result: dict[str, Any], plot: str | None) -> str:
             name = entry["arm"] + ("" if phase == "sft" else f"+{phase}")
             lines.append(f"| {name} | {entry['seed']} | `{values['policy_digest'][:12]}` | "
                          f"{100 * values['success_rate']:.1f} | {values['reasoning_tokens_per_episode']:.1f} |")
-    curves = [(e["seed"], phase, e[phase]) for e in result["arms"] for phase in phases_of(e)]
+    curves = [(e["arm"], e["seed"], phase, e[phase]) for e in result["arms"] for phase in phases_of(e)]
     if curves:
-        lines += ["", "## RL from each seed's RACE policy: cover-aware RL (rl), plain GRPO (grpo), GRPO with a "
-                  "reasoning-length penalty λ (grpo+lp<λ>: reward − λ · reasoning tokens)", "",
+        lines += ["", "## RL runs: SFT + GRPO (none+grpo), RACE-SFT + cover-aware RL (race+rl), + plain GRPO "
+                  "(race+grpo), + the closure term alone (race+close), + GRPO with a reasoning-length penalty λ "
+                  "(race+grpo+lp<λ>), + an AdaptThink-style reward δ (race+adapt<δ>)", "",
                   "Greedy held-out figures after each evaluated iteration, on the same rollout budget; `moved "
-                  "after`: the first evaluated iteration whose figures differ from the SFT policy's.", "",
-                  "| seed | RL | moved after | iteration: success % / reasoning tokens |", "|---|---|---|---|"]
-        for seed, phase, values in curves:
+                  "after`: the first evaluated iteration whose figures differ from the SFT policy's; `cost`: the "
+                  "run's seconds (iterations and evaluations).", "",
+                  "| run | seed | moved after | cost | iteration: success % / reasoning tokens / skip ratio % |",
+                  "|---|---|---|---|---|"]
+        for arm, seed, phase, values in curves:
             points = ", ".join(f"{c['iteration']}: {100 * c['success_rate']:.1f} / {c['reasoning_tokens_per_episode']:.1f}"
+                               + (f" / {100 * c['skip_ratio']:.0f}" if "skip_ratio" in c else "")
                                for c in values.get("curve", []))
-            lines.append(f"| {seed} | {phase} | {values.get('moved_after') or 'never'} | {points} |")
+            cost = f"{values['seconds'] / 60:.0f} min" if values.get("seconds") else "-"
+            lines.append(f"| {arm}+{phase} | {seed} | {values.get('moved_after') or 'never'} | {cost} | {points} |")
+        if result.get("rl_plot"):
+            lines += ["", f"![the RL runs' learning curves]({result['rl_plot']})"]
     for run, iterations in result.get("rl_diagnostics", {}).items():
         lines += ["", f"### RL diagnostics: {run}", "", *rl_table(iterations)]
     if plot:

@@ -165,7 +165,8 @@ def test_the_ablation_flow_caches_every_arm(prefect_harness, smoke_policy, tmp_p
         successes, tokens = entry["success_rate"] * episodes, entry["reasoning_tokens_per_episode"] * episodes
         assert abs(successes - round(successes)) < 1e-9 and 0 <= round(successes) <= episodes
         assert abs(tokens - round(tokens)) < 1e-9
-        assert phases_of(entry) == (["rl", "grpo", "grpo+lp0.01"] if entry["arm"] == "race" else [])
+        assert phases_of(entry) == {"race": ["rl", "grpo", "close", "grpo+lp0.01"], "none": ["grpo"]}.get(
+            entry["arm"], [])
     assert (out / "ablation.png").stat().st_size > 0 and "| race |" in (out / "report.md").read_text()
     cross, gap = written["cross_turn"]["race"], written["cross_turn"]["local_vs_race"]
     assert 0 <= cross["rejected_by_later"] <= cross["rejected"] <= cross["candidates"] > 0
