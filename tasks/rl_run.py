@@ -202,7 +202,7 @@ def _iterate(store: ArtifactStore, scope: str, live: LiveRun, start: PolicyRef, 
         if records else start
     return {"objects": {"checkpoint": final.folder} if final.folder else {}, "policy_digest": final.digest,
             "metrics": {"iterations": [r["metrics"] for r in records], "evaluations": evaluations,
-                        "scope": scope, **_totals(records)}}
+                        "scope": scope, "engine_starts": live.engine_starts, **_totals(records)}}
 
 
 def _evaluated_at(iteration: int, config: RLConfig) -> bool:
@@ -283,6 +283,7 @@ class LiveRun:
         self.created: list[Path] = []  # local checkpoint folders this run wrote (removed when superseded)
         self.superseded: list[PolicyRef] = []
         self.phases: dict[str, float] = {}
+        self.engine_starts = 0  # engines built by this run in this process (a resumed run builds one more)
 
     def __enter__(self) -> LiveRun:
         return self
@@ -384,6 +385,7 @@ class LiveRun:
                                        device=self.resources.device, dtype=self.resources.dtype,
                                        **self.resources.engine_options(self.config.sampler))
             self.engine_holds = self.start
+            self.engine_starts += 1
             self.phases["engine_start"] = round(time.perf_counter() - at, 3)
         if self.engine_holds.digest != policy.digest:
             at = time.perf_counter()
