@@ -131,7 +131,7 @@ def test_every_stage_has_sources_and_they_all_exist():
 @pytest.mark.parametrize(("module", "changed"), [
     ("race_core/train/sft.py", {"sft", "bootstrap"}),
     ("race_core/cover.py", {"cover", "rl"}),
-    ("race_core/envs/calculator/environment.py", {"sample", "evaluate", "bootstrap"}),
+    ("race_core/envs/calculator/environment.py", {"sample", "rl", "evaluate", "bootstrap"}),
     ("race_core/render.py", {"cover", "compress", "arm", "sft", "sample", "rl", "evaluate", "bootstrap"}),
     ("race_core/train/checkpoint_bootstrap.py", {"bootstrap"}),
     ("race_core/tiny.py", set()),
