@@ -7,6 +7,7 @@ performance table from records.
 `race bench dtypes --checkpoint DIR`: the cover in float32 and bfloat16 (`bench.dtypes`).
 `race bench sampling --checkpoint DIR`: episodes played by transformers and by vLLM (`bench.sampling`).
 `race bench price`: this machine class's per-call price for the scorer's batch plans (`bench.price`).
+`race bench rl --checkpoint DIR`: RL iterations, each phase timed, against the rebuilt loop (`bench.rl`).
 
 `add_bench_parser(subparsers)` adds it to the `race` command; `main` is `scripts/bench_scoring.py`.
 """
@@ -60,6 +61,13 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                              "start, play time and generated tokens per second")
     add_sampling_arguments(s)
     s.set_defaults(func=cmd_bench_sampling)
+    from bench.rl import add_arguments as add_rl_arguments
+    from bench.rl import cmd_bench_rl
+
+    rl = bench_sub.add_parser("rl", help="RL iterations on a checkpoint and environment, each phase timed "
+                              "(--compare: against the loop that rebuilt its engine and trainer every iteration)")
+    add_rl_arguments(rl)
+    rl.set_defaults(func=cmd_bench_rl)
     from bench.price import add_arguments as add_price_arguments
     from bench.price import cmd_bench_price
 

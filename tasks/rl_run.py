@@ -119,17 +119,20 @@ class RunProgress:
 
 def rl_run(store: ArtifactStore, policy: PolicyRef, config: RLConfig, epsilon: float, evaluate: EvalConfig,
            resources: Resources, only_cached: bool = False, force: bool = False,
-           on_progress: Callable[[RunProgress], None] | None = None) -> dict[str, Any]:
+           on_progress: Callable[[RunProgress], None] | None = None, live: bool = True) -> dict[str, Any]:
     """`config.iterations` RL iterations from `policy` (the module docstring) -> the last policy, with
     every iteration's metrics and the evaluations in the manifest's metrics. `on_progress` is called
-    after each iteration."""
+    after each iteration. `live` off: every iteration and evaluation builds its sampler and loads its
+    trainer again from the store, and rows of advantage 0 train too, as the pipeline ran before RL runs
+    kept them (the same rollouts and policies, up to the float noise of a fresh engine; the baseline of
+    `race bench rl --compare`)."""
     keyed = run_keyed(config, epsilon, evaluate, resources)
     inputs = {"policy": policy.folder or policy.digest}
 
     def compute() -> dict[str, Any]:
         scope = run_scope(policy, config, epsilon, resources)
-        with LiveRun(store, policy, config, resources) as live:
-            return _iterate(store, scope, live, policy, config, epsilon, evaluate, resources, force, on_progress)
+        with LiveRun(store, policy, config, resources, keep=live) as run:
+            return _iterate(store, scope, run, policy, config, epsilon, evaluate, resources, force, on_progress)
 
     return run_stage(store, "rl", keyed, inputs, policy.digest, compute, only_cached, force)
 
@@ -159,10 +162,12 @@ def _iterate(store: ArtifactStore, scope: str, live: LiveRun, start: PolicyRef, 
     for i in range(len(records), config.iterations):
         started = time.perf_counter()
         live.phases.clear()
+        if not live.keep and state is not None:  # the baseline: the trainer comes back from the store
+            live.restore(current, state["objects"]["optimizer"])
         sampled = sample(store, current, config, resources, i, sampler=live.lazy_sampler(current, "sample") if here else None)
         sample_s = time.perf_counter() - started
         rollouts = rollouts_from_json(store.get_bytes(sampled["objects"]["rollouts"]).decode("utf-8"))
-        report = live.update(rollouts, i, epsilon)
+        report = live.update(rollouts, sampled["objects"]["rollouts"], i, epsilon)
         if os.environ.get(FAULT_ENV) == str(i):
             raise InjectedFault(f"{FAULT_ENV}={i}: stopped after the update of iteration {i}, before it was saved")
         at = time.perf_counter()
@@ -176,8 +181,8 @@ def _iterate(store: ArtifactStore, scope: str, live: LiveRun, start: PolicyRef, 
         save_s = time.perf_counter() - at
         phases = {**live.phases, "sample": round(sample_s - live.phases.get("engine_start", 0.0)
                                                  - live.phases.get("weight_load", 0.0), 3),
-                  **{k: round(v, 3) for k, v in report.phases.items()}, "checkpoint_write": round(save_s, 3)}
-        metrics = {"iteration": i + 1, **report.summary(), "rollouts_object": sampled["objects"]["rollouts"],
+                  **report["phases"], "checkpoint_write": round(save_s, 3)}
+        metrics = {"iteration": i + 1, **report, "rollouts_object": sampled["objects"]["rollouts"],
                    "sampled_cached": bool(sampled["cached"]), "generated_tokens": sampled["metrics"].get("generated_tokens"),
                    "phases": phases, "seconds": round(time.perf_counter() - started, 3)}
         record = {"stage": ITERATION_STAGE, "key": f"{scope}-{i}", "iteration": i, "policy_digest": new.digest,
@@ -189,15 +194,17 @@ def _iterate(store: ArtifactStore, scope: str, live: LiveRun, start: PolicyRef, 
             _discard(store, previous, records)
         live.forget(current)
         current = new
-        logger.info(f"rl: iteration {i + 1}/{config.iterations}: {report.success_rate:.0%} of {len(rollouts)} "
-                    f"rollouts succeeded, loss {report.loss:.4f}, {report.masked_tokens} reasoning tokens masked, "
-                    f"{report.counts.get('skipped_rows', 0)} rows of advantage 0 left out, {metrics['seconds']:.0f} s")
+        logger.info(f"rl: iteration {i + 1}/{config.iterations}: {report['success_rate']:.0%} of {len(rollouts)} "
+                    f"rollouts succeeded, loss {report['loss']:.4f}, {report['masked_tokens']} reasoning tokens masked, "
+                    f"{report.get('skipped_rows', 0)} rows of advantage 0 left out, {metrics['seconds']:.0f} s")
         if _evaluated_at(i + 1, config) and (point := _evaluate(store, live, current, i + 1, evaluate, resources,
                                                                  config)) is not None:
             evaluations.append(point)
+        if not live.keep:
+            live.close()
         if on_progress is not None:
             on_progress(RunProgress(i + 1, config.iterations, (time.perf_counter() - began) * (i + 1) / (i + 1 - resumed_at),
-                                    f"{report.success_rate:.0%} of the rollouts won, loss {report.loss:.4f}"))
+                                    f"{report['success_rate']:.0%} of the rollouts won, loss {report['loss']:.4f}"))
     final = PolicyRef(digest=records[-1]["policy_digest"], folder=records[-1]["objects"]["checkpoint"]) \
         if records else start
     return {"objects": {"checkpoint": final.folder} if final.folder else {}, "policy_digest": final.digest,
@@ -215,7 +222,7 @@ def _evaluate(store: ArtifactStore, live: LiveRun, policy: PolicyRef, iteration:
     from tasks.base import StageNotRun
     from tasks.training_stages import evaluate as evaluate_stage
 
-    sampler = live.lazy_sampler(policy, "evaluate") if evaluate.sampler == config.sampler else None
+    sampler = live.lazy_sampler(policy, "evaluate") if evaluate.sampler == config.sampler and live.keep else None
     label = f"rl iteration {iteration}"
     try:
         evaluated = evaluate_stage(store, policy, evaluate, resources, label=label, sampler=sampler,
@@ -274,8 +281,10 @@ class LiveRun:
     whose samples and evaluations are all cached builds no engine. `phases` holds the seconds spent
     building the engine and loading weights into it since it was last cleared."""
 
-    def __init__(self, store: ArtifactStore, start: PolicyRef, config: RLConfig, resources: Resources):
+    def __init__(self, store: ArtifactStore, start: PolicyRef, config: RLConfig, resources: Resources,
+                 keep: bool = True):
         self.store, self.start, self.config, self.resources = store, start, config, resources
+        self.keep = keep  # off: the baseline that closes everything after each iteration (`rl_run(live=False)`)
         self.model = self.tokenizer = self.optimizer = self.renderer = None
         self.holds: PolicyRef | None = None  # the policy the trainer's model holds
         self.engine = None  # a vLLM sampler over `engine_holds`
@@ -284,6 +293,8 @@ class LiveRun:
         self.superseded: list[PolicyRef] = []
         self.phases: dict[str, float] = {}
         self.engine_starts = 0  # engines built by this run in this process (a resumed run builds one more)
+        self.optimizer_state: str | None = None  # the store object of the optimizer state last saved or restored
+        self.launched: tuple[PolicyRef, str] | None = None  # a launched update's policy and optimizer state
 
     def __enter__(self) -> LiveRun:
         return self
@@ -310,8 +321,13 @@ class LiveRun:
         import tempfile
 
         from race_core.train.optimizer_state import load_optimizer
+        from tasks.training_runs import launches
 
         self.close_trainer()
+        self.optimizer_state = optimizer
+        if launches(self.resources):  # the launched processes load them
+            self.holds = policy
+            return
         self._trainer(policy)
         with tempfile.TemporaryDirectory(prefix="race-optimizer-") as tmp:
             load_optimizer(self.optimizer, self.model, self.store.restore_folder(optimizer, tmp))
@@ -319,21 +335,39 @@ class LiveRun:
     def close_trainer(self) -> None:
         self.model = self.tokenizer = self.optimizer = self.renderer = self.holds = None
 
-    def update(self, rollouts, iteration: int, epsilon: float):
-        """One update of the trainer's policy on its rollouts: the `RLReport`."""
+    def update(self, rollouts, rollouts_digest: str, iteration: int, epsilon: float) -> dict[str, Any]:
+        """One update of the trainer's policy on its rollouts: the update's metrics (`RLReport.summary`).
+        In launched training processes (`resources`), one launch on the stored rollouts, its optimizer
+        continuing from the state the last one saved."""
         from race_core.memory import release_freed_memory
         from race_core.train.distributed import TrainOptions
         from race_core.train.rl import update_from_rollouts
+        from tasks.training_runs import launches
 
-        self._trainer(self.holds or self.start)
+        policy = self.holds or self.start
+        if launches(self.resources):
+            return self._launched_update(policy, rollouts_digest, iteration, epsilon)
+        self._trainer(policy)
         report = update_from_rollouts(self.model, self.tokenizer, rollouts, self.config, optimizer=self.optimizer,
                                       renderer=self.renderer, epsilon=epsilon, iteration=iteration,
+                                      skip_idle_rows=self.keep,
                                       options=TrainOptions(mixed_precision=self.resources.mixed_precision,
                                                            gradient_checkpointing=self.resources.gradient_checkpointing))
         self.optimizer.zero_grad(set_to_none=True)
         self.holds = None  # the weights moved: `save` names them
         release_freed_memory()
-        return report
+        return report.summary()
+
+    def _launched_update(self, policy: PolicyRef, rollouts_digest: str, iteration: int, epsilon: float
+                         ) -> dict[str, Any]:
+        from tasks.training_runs import rl_compute, train_state_root
+
+        state = train_state_root() / f"rl-{uuid.uuid4().hex}"
+        done = rl_compute(self.store, policy, rollouts_digest, self.config, epsilon, self.resources, state,
+                          optimizer=self.optimizer_state or "", iteration=iteration)
+        self.launched = (PolicyRef.of(done), done["optimizer"])
+        self.close_trainer()  # a model this process held for sampling is the old policy's
+        return done["metrics"]
 
     def save(self, store: ArtifactStore) -> tuple[PolicyRef, str]:
         """The trainer's policy and optimizer state into the store: (the policy, the state's object).
@@ -343,6 +377,9 @@ class LiveRun:
         from race_core.policy import checkpoint_digest, save_policy
         from race_core.train.optimizer_state import save_optimizer
 
+        if self.launched is not None:  # stored by the launch
+            (self.holds, self.optimizer_state), self.launched = self.launched, None
+            return self.holds, self.optimizer_state
         cache = checkpoint_cache()
         cache.mkdir(parents=True, exist_ok=True)
         staging = cache / f".rl-{uuid.uuid4().hex}"
@@ -361,9 +398,9 @@ class LiveRun:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         with tempfile.TemporaryDirectory(prefix="race-optimizer-") as tmp:
-            optimizer = store.put_folder(save_optimizer(self.optimizer, self.model, tmp))
+            self.optimizer_state = store.put_folder(save_optimizer(self.optimizer, self.model, tmp))
         self.holds = PolicyRef(digest=digest, folder=folder)
-        return self.holds, optimizer
+        return self.holds, self.optimizer_state
 
     # -- the sampler --------------------------------------------------------------------------------
     def sampler(self, policy: PolicyRef, purpose: str):

@@ -77,6 +77,8 @@ class TrainJob:
     resources: dict[str, Any]
     state: str
     epsilon: float = DEFAULT_EPSILON  # rl: the cover's tolerance (the run's cover.epsilon); sft reads none
+    optimizer: str = ""  # rl: the optimizer state's object to continue from ("": a fresh optimizer)
+    iteration: int = 0  # rl: the iteration of the run
 
     @classmethod
     def read(cls, store: ArtifactStore, digest: str) -> TrainJob:
@@ -122,13 +124,19 @@ def run_job(store: ArtifactStore, job: TrainJob, machine_rank: int | None = None
     with tempfile.TemporaryDirectory(prefix=f"race-{job.kind}-") as tmp:
         data = Path(tmp) / "data"
         _write_data(store, job, data)
+        optimizer = str(store.restore_folder(job.optimizer, Path(tmp) / "optimizer-in")) if job.optimizer else ""
         spec = LaunchSpec(kind=job.kind, checkpoint=_checkpoint_here(store, job, verify=bool(machine_rank)),
                           data=str(data), config=job.config, out_dir=str(Path(tmp) / "policy"),
                           report=str(Path(tmp) / "report.json"), device=resources.device, dtype=resources.dtype,
-                          options=asdict(TrainOptions.of(resources, state)), epsilon=job.epsilon)
+                          options=asdict(TrainOptions.of(resources, state)), epsilon=job.epsilon,
+                          optimizer=optimizer, iteration=job.iteration)
         report = launch(spec, Path(tmp) / "spec.json", resources.train_processes, config_file,
                         progress=progress, machine_rank=machine_rank)
         stored = put_policy_folder(store, spec.out_dir) if report is not None else None
+        if stored is not None and job.kind == "rl":  # the optimizer state it ends with, for the next iteration
+            from race_core.train.worker import optimizer_folder
+
+            stored["optimizer"] = store.put_folder(optimizer_folder(spec))
     clear_state(state)
     return (report, stored) if report is not None else None
 
@@ -191,11 +199,13 @@ def sft_compute(store: ArtifactStore, data: str, base, config: SFTConfig, resour
 
 
 def rl_compute(store: ArtifactStore, policy, rollouts_digest: str, config: RLConfig, epsilon: float,
-               resources: Resources, state: Path) -> dict[str, Any]:
-    """One cover-aware RL update of `policy` (a `PolicyRef`) on the stored rollouts; the rl manifest's
-    objects and metrics."""
+               resources: Resources, state: Path, optimizer: str = "", iteration: int = 0) -> dict[str, Any]:
+    """One cover-aware RL update of `policy` (a `PolicyRef`) on the stored rollouts, its optimizer
+    continuing from the state object `optimizer` ("": a fresh one); the policy's manifest fields, the
+    update's metrics, and in launched processes `optimizer`, the state object it ends with."""
     if launches(resources):
-        job = TrainJob("rl", asdict(policy), rollouts_digest, asdict(config), asdict(resources), state.name, epsilon)
+        job = TrainJob("rl", asdict(policy), rollouts_digest, asdict(config), asdict(resources), state.name, epsilon,
+                       optimizer=optimizer, iteration=iteration)
         summary, stored = _launched(store, job, resources, None)
     else:
         from race_core.rollout import rollouts_from_json
@@ -204,7 +214,7 @@ def rl_compute(store: ArtifactStore, policy, rollouts_digest: str, config: RLCon
         model, tokenizer = policy.load(store, resources)
         rollouts = rollouts_from_json(store.get_bytes(rollouts_digest).decode("utf-8"))
         report = update_from_rollouts(model, tokenizer, rollouts, config, epsilon=epsilon,
-                                      options=TrainOptions.of(resources, state))
+                                      options=TrainOptions.of(resources, state), iteration=iteration)
         from tasks.policy_ref import put_policy
 
         stored = put_policy(store, model, tokenizer)

@@ -48,7 +48,7 @@ def test_whole_pipeline_twice_second_run_computes_nothing(prefect_harness, smoke
     first = race_pipeline(config)
     assert calls["score"] > 0 and calls["sft"] == 2  # RACE's and the no-removal baseline's
     assert set(first["eval"]) == {"before", "after_sft_none", "after_sft", "after_rl"}
-    assert set(first["stages"]) >= {"ingest", "cover", "compress", "sft", "arm_none", "sft_none", "sample_0", "rl_0",
+    assert set(first["stages"]) >= {"ingest", "cover", "compress", "sft", "arm_none", "sft_none", "rl",
                                     "evaluate_before", "evaluate_after_sft_none", "evaluate_after_sft",
                                     "evaluate_after_rl"}
     for name in ("report.md", "summary.json", "eval_by_stage.png"):

@@ -8,6 +8,7 @@ from race_core import policy
 from race_core.config import CoverConfig, EvalConfig, IngestConfig, Resources, RLConfig, SFTConfig
 from storage import ArtifactStore
 from tasks import stages, training_stages
+from tasks.rl_run import rl_run
 from tasks.training_stages import PolicyRef
 
 
@@ -52,8 +53,7 @@ def test_every_model_stage_loads_with_the_requested_device_and_dtype(smoke_polic
                 SFTConfig(steps=1, batch_size=2), resources)
     rl_config = RLConfig(tasks_per_iteration=1, group_size=2, max_turns=2, max_new_tokens=24)
     sampled = run("sample", training_stages.sample, store, PolicyRef.of(tuned), rl_config, resources, 0)
-    run("rl", training_stages.rl, store, PolicyRef.of(tuned), sampled["objects"]["rollouts"], rl_config, 1e-3,
-        resources, 0)
+    run("rl", rl_run, store, PolicyRef.of(tuned), rl_config, 1e-3, EvalConfig(), resources)
     run("evaluate", training_stages.evaluate, store, PolicyRef.of(tuned), EvalConfig(tasks=1, max_new_tokens=24),
         resources, "after_sft")
     assert set(seen) == {"cover", "sft", "sample", "rl", "evaluate"}

@@ -171,15 +171,16 @@ def test_one_iteration_changes_the_weights(iteration):
 
 @pytest.fixture(scope="module")
 def pipeline_path(checkpoint, tmp_path_factory):
-    """The pipeline's RL path: the sample stage writes the rollouts as JSON into a real store, the
-    rl stage reads them back and updates the policy (tasks/training_stages.py)."""
+    """The pipeline's RL path: the sample stage writes the rollouts as JSON into a real store, an
+    update reads them back and updates the policy (tasks/training_stages.py `rl_update`: what each
+    iteration of a launched RL run does)."""
     from storage import ArtifactStore
-    from tasks.training_stages import PolicyRef, rl, sample
+    from tasks.training_stages import PolicyRef, rl_update, sample
 
     store = ArtifactStore(str(tmp_path_factory.mktemp("rl-store")))
     policy = PolicyRef.local(checkpoint)
     sampled = sample(store, policy, CONFIG, Resources(), 0)
-    updated = rl(store, policy, sampled["objects"]["rollouts"], CONFIG, EPSILON, Resources(), 0)
+    updated = rl_update(store, policy, sampled["objects"]["rollouts"], CONFIG, EPSILON, Resources(), 0)
     return store, sampled, updated
 
 

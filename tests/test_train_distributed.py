@@ -27,7 +27,7 @@ from race_core.train.distributed import FAULT_ENV
 from storage import ArtifactStore
 from storage.parquet import compressed_row, write_dataset_to_store
 from tasks.summary import summarize
-from tasks.training_stages import PolicyRef, materialize, rl, sample, sft
+from tasks.training_stages import PolicyRef, materialize, rl_update, sample, sft
 
 SFT = SFTConfig(lr=1e-2, steps=6, batch_size=4, seed=0)
 # test_rl's batch: the SMOKE policy's own training tasks, whose groups mix successes and failures
@@ -131,8 +131,8 @@ def test_two_processes_give_the_one_process_rl_update(cache, tmp_path, smoke_pol
     store = ArtifactStore(str(tmp_path / "store"))
     policy = PolicyRef.local(smoke_policy)
     rollouts = sample(store, policy, RL, Resources(), 0)["objects"]["rollouts"]
-    one = rl(store, policy, rollouts, RL, EPSILON, Resources(), 0)
-    two = rl(store, policy, rollouts, RL, EPSILON, Resources(train_processes=2), 0, force=True)
+    one = rl_update(store, policy, rollouts, RL, EPSILON, Resources(), 0)
+    two = rl_update(store, policy, rollouts, RL, EPSILON, Resources(train_processes=2), 0)
     runs = {"one": one["metrics"], "two": two["metrics"]}
     weights = {"one": _weights(store, one), "two": _weights(store, two),
                "before": {k: v.clone() for k, v in load_policy(smoke_policy)[0].state_dict().items()}}

@@ -304,6 +304,7 @@ def update_from_rollouts(
     out_dir: str | Path | None = None,
     base_checkpoint: str | Path | None = None,
     iteration: int = 0,
+    skip_idle_rows: bool = True,
 ) -> RLReport:
     """Update `model` in place from its own `rollouts` (the module docstring's steps): shaped rewards ->
     GRPO advantages -> LoGiC cover (tolerance `config.epsilon`, else `epsilon`) of the successful
@@ -317,7 +318,8 @@ def update_from_rollouts(
     T_total are counted over all of them, so the loss is the one-process loss. The report's counts
     are the whole batch's; its `batch`, `logp_new` and `closure_logprobs` are this process's rows.
     `out_dir`: rank 0 saves the updated policy there (`base_checkpoint`: the folder the model was
-    loaded from, needed to save a sharded run)."""
+    loaded from, needed to save a sharded run). `skip_idle_rows` off: rows of advantage 0 run their
+    forward and backward passes too (the same update, slower; `race bench rl --compare`)."""
     from race_core.policy import pad_token_id, save_policy
     from race_core.scoring.hf import HFScorer
     from race_core.train.distributed import TrainRun, process_rank, world_size
@@ -356,7 +358,7 @@ def update_from_rollouts(
         batch.policy_token_count, batch.total_turns, batch.masked_token_count, len(batch.closure_turns)))
 
     run.model.train()
-    step = _Steps(run, batch, config, timer, skip_idle_rows=run.world_size == 1, pad_id=pad_id,
+    step = _Steps(run, batch, config, timer, skip_idle_rows=skip_idle_rows and run.world_size == 1, pad_id=pad_id,
                   closure_terms=closure_terms)
     plan = mini_batches(len(rows), config, iteration)
     whole = len(plan) == 1  # one optimizer step on every row: the batch's own (global) denominators
@@ -452,9 +454,9 @@ class _Steps:
         self.run.optimizer.zero_grad(set_to_none=True)
         part = self.batch.select(rows)
         policy_tokens, total_turns = denominators or (part.policy_token_count, part.total_turns)
-        if not self.skip_idle_rows:  # launched processes: their share in one forward, as their collectives need
+        if self.run.world_size > 1:  # launched processes: their share in one forward, as their collectives need
             return self._launched_step(list(rows), part, policy_tokens, total_turns)
-        active = [k for k, r in enumerate(rows) if float(self.batch.advantages[r]) != 0.0]
+        active = [k for k, r in enumerate(rows) if not self.skip_idle_rows or float(self.batch.advantages[r]) != 0.0]
         idle = [k for k in range(len(rows)) if k not in set(active)]
         self.skipped_rows += len(idle)
         self.skipped_tokens += int(part.attention_mask[idle].sum()) if idle else 0

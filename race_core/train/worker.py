@@ -37,6 +37,8 @@ class LaunchSpec:
     dtype: str = "float32"
     options: dict[str, Any] = field(default_factory=dict)  # TrainOptions fields
     epsilon: float = DEFAULT_EPSILON  # rl: the cover's tolerance
+    optimizer: str = ""  # rl: a folder of the optimizer state to continue from ("": a fresh optimizer)
+    iteration: int = 0  # rl: which iteration of the run (its seed)
 
     def write(self, path: str | Path) -> Path:
         Path(path).write_text(json.dumps(asdict(self), indent=1))
@@ -45,6 +47,11 @@ class LaunchSpec:
     @classmethod
     def read(cls, path: str | Path) -> LaunchSpec:
         return cls(**json.loads(Path(path).read_text()))
+
+
+def optimizer_folder(spec: LaunchSpec) -> Path:
+    """Where rank 0 of an rl launch saves the optimizer's state after the update: beside the checkpoint."""
+    return Path(spec.out_dir).with_name("optimizer")
 
 
 def _progress_line(step: int, total: int, loss: float) -> None:
@@ -74,11 +81,23 @@ def run_spec(spec: LaunchSpec) -> dict[str, Any] | None:
         from race_core.rollout import rollouts_from_json
         from race_core.train.rl import update_from_rollouts
 
+        from race_core.train.optimizer_state import load_optimizer, save_optimizer
+        from race_core.train.rl import make_optimizer
+
+        config = from_dict(RLConfig, spec.config)
         rollouts = rollouts_from_json(Path(spec.data).read_text(encoding="utf-8"))
-        report = update_from_rollouts(model, tokenizer, rollouts, from_dict(RLConfig, spec.config),
+        optimizer = make_optimizer(model, config)
+        if spec.optimizer:
+            load_optimizer(optimizer, model, spec.optimizer)
+        report = update_from_rollouts(model, tokenizer, rollouts, config, optimizer=optimizer,
                                       epsilon=spec.epsilon, options=options, out_dir=spec.out_dir,
-                                      base_checkpoint=spec.checkpoint)
+                                      base_checkpoint=spec.checkpoint, iteration=spec.iteration)
         summary = {**report.summary(), **report.extra}
+        if summary.get("rank", 0) == 0:  # replicated under DDP: rank 0's is every process's
+            if report.extra.get("distributed_type") in ("FSDP", "DEEPSPEED"):
+                raise ValueError(f"an RL run carries its optimizer between iterations in one process or under DDP, "
+                                 f"not {report.extra['distributed_type']} (its state is sharded)")
+            save_optimizer(optimizer, model, optimizer_folder(spec))
     else:
         raise ValueError(f"unknown training kind {spec.kind!r}: expected sft or rl")
     if summary.get("rank", 0) != 0:
