@@ -79,7 +79,8 @@ def test_the_whole_loop_runs_on_a_real_instruct_model_in_the_multi_turn_world(pr
                                      sft=SFTConfig(lr=3e-4, steps=4, batch_size=4, warmup_steps=1, max_length=1024))
     home, out = tmp_path / "home", tmp_path / "out"
     run = dict(home=str(home), out=str(out), seeds=(0,), config=config, bootstrap=bootstrap, epsilons=(0.03, 0.3),
-               arms=("race", "local"), length_penalties=(0.01,), preset="test")
+               arms=("race", "local"), length_penalties=(0.01,), preset="test",
+               rl_arms=("race+rl", "race+grpo", "race+grpo+lp0.01"))
     result = race_ablate(**run)
 
     boot = result["bootstrap"]
@@ -107,7 +108,7 @@ def test_the_whole_loop_runs_on_a_real_instruct_model_in_the_multi_turn_world(pr
     assert sum(k["candidates"] for k in kinds.values()) == cross["candidates"]
 
     diagnostics = result["rl_diagnostics"]
-    assert set(diagnostics) == {"rl seed 0", "grpo seed 0", "grpo+lp0.01 seed 0"}
+    assert set(diagnostics) == {"race+rl seed 0", "race+grpo seed 0", "race+grpo+lp0.01 seed 0"}
     # one SFT policy at iteration 0, and sampling does not read what tells the three updates apart: one sampling
     assert len({metrics["rollouts_object"] for (metrics,) in diagnostics.values()}) == 1
     for name, (metrics,) in diagnostics.items():  # one iteration each, checked against its stored rollouts
@@ -122,8 +123,10 @@ def test_the_whole_loop_runs_on_a_real_instruct_model_in_the_multi_turn_world(pr
         assert metrics["closure_terms"] <= sum(len(r.turns) - 1 for r in rollouts if r.success)
         assert metrics["actor_loss"] + config.rl.closure_weight * metrics["closure_loss"] == pytest.approx(metrics["loss"])
         assert (metrics["closure_loss"] > 0) == (metrics["closure_terms"] > 0)  # −Σ log p(close) / T_total
-        if name.startswith("grpo"):
+        if name.startswith("race+grpo"):
             assert metrics["masked_tokens"] == metrics["closure_terms"] == 0
+        assert metrics["skip_ratio"] == sum(not t.reasoning.strip() for r in rollouts for t in r.turns) / max(
+            metrics["total_turns"], 1)
     race_entry = result["arms"][0]
     assert set(race_entry) >= {"rl", "grpo", "grpo+lp0.01"}
     again = race_ablate(**run)

@@ -269,3 +269,93 @@ def test_micro_batches_give_the_one_forward_loss_gradients_and_logged_tensors(ch
     assert grads.keys() == micro_grads.keys() and grads
     for name, grad in grads.items():
         assert torch.allclose(micro_grads[name], grad, rtol=1e-4, atol=1e-6), name
+
+
+def _update(checkpoint, rollouts, config, **kwargs):
+    model, tokenizer = load_policy(checkpoint)
+    report = update_from_rollouts(model, tokenizer, rollouts, config, epsilon=EPSILON, **kwargs)
+    return report, model
+
+
+def test_rows_of_advantage_zero_left_out_of_the_backward_change_no_gradient(checkpoint, iteration):
+    """The same update with and without the rows whose advantage is zero: the same loss and, parameter
+    by parameter, the same raw gradient (their surrogate is ρ·0); the skipped rows are counted."""
+    rollouts = iteration[0].rollouts
+    unclipped = replace(CONFIG, max_grad_norm=0.0)
+    (skipping, model), (every, full) = (_update(checkpoint, rollouts, unclipped, skip_idle_rows=skip)
+                                        for skip in (True, False))
+    idle = int((skipping.batch.advantages == 0).sum())
+    assert idle > 0 and skipping.counts["skipped_rows"] == idle and every.counts["skipped_rows"] == 0
+    assert skipping.counts["trained_tokens"] < every.counts["trained_tokens"]
+    assert skipping.loss == pytest.approx(every.loss, rel=1e-6, abs=1e-9)
+    grads = {n: p.grad for n, p in full.named_parameters()}
+    for name, p in model.named_parameters():
+        assert torch.allclose(p.grad, grads[name], rtol=1e-5, atol=1e-8), name
+
+
+def test_mini_batches_take_one_step_each_with_their_own_denominators(checkpoint, iteration):
+    """`mini_batch` 4 over 16 rollouts, two epochs: eight optimizer steps, the rows in a seeded order
+    that changes with the epoch and the iteration; logp_old is the trainer's before the first step, so
+    the first step's ratio is 1 and the later ones' move."""
+    from race_core.train.rl import mini_batches
+
+    rollouts = iteration[0].rollouts
+    config = replace(CONFIG, mini_batch=4, epochs=2)
+    plan = mini_batches(len(rollouts), config, 0)
+    assert len(plan) == 8 and all(sorted(sum(plan[e * 4:(e + 1) * 4], [])) == list(range(16)) for e in (0, 1))
+    assert plan[:4] != plan[4:] and mini_batches(len(rollouts), config, 1) != plan  # epoch and iteration reorder
+    assert mini_batches(len(rollouts), config, 0) == plan  # seeded
+    report, _ = _update(checkpoint, rollouts, config)
+    assert len(report.losses) == len(report.grad_norms) == 8 and "old_logprobs" in report.phases
+    on = report.batch.policy_mask & report.forwarded[:, None]
+    first = plan[0]
+    rows = [r for r in first if report.forwarded[r]]
+    assert torch.allclose(report.logp_new[rows][on[rows]], report.batch.logp_old[rows][on[rows]], atol=1e-6)
+
+
+def test_the_closure_only_arm_masks_nothing_and_supervises_closure(checkpoint, iteration):
+    """`mask_reasoning` off (the paper's "without the reasoning mask"): the cover still runs and its
+    closure terms train, but every generated reasoning token keeps its policy gradient."""
+    cover_aware = iteration[0]
+    report, _ = _update(checkpoint, cover_aware.rollouts, replace(CONFIG, mask_reasoning=False))
+    assert report.masked_tokens == 0 and not report.batch.skipped_mask.any()
+    assert report.closure_terms == cover_aware.closure_terms > 0 and report.covers.keys() == cover_aware.covers.keys()
+
+
+def test_the_adaptthink_reward_adds_the_share_of_turns_without_reasoning_to_successes():
+    from race_core.rollout import Rollout
+    from race_core.schema import Turn
+    from race_core.train.rl import shaped_reward
+
+    turns = [Turn("think", "calc[1+1]", "2"), Turn("", "finish[2]", "done")]
+    won = Rollout(task_id="t", group=0, sample_index=0, question="q", prompt_length=0, turns=turns, success=True,
+                  reward=1.0)
+    lost = Rollout(task_id="t", group=0, sample_index=1, question="q", prompt_length=0, turns=turns, reward=0.0)
+    config = replace(CONFIG, skip_bonus=0.05)
+    assert shaped_reward(won, config) == pytest.approx(1.0 + 0.05 * 0.5)
+    assert shaped_reward(lost, config) == 0.0 and shaped_reward(won, CONFIG) == 1.0
+
+
+def test_the_optimizer_state_saved_and_loaded_takes_the_next_step_bit_for_bit(checkpoint, iteration, tmp_path):
+    """Two updates in a row with one optimizer, against the first update, its optimizer saved to
+    safetensors and loaded into a fresh AdamW over a reloaded model, then the second: equal weights."""
+    from race_core.policy import save_policy
+    from race_core.train.optimizer_state import load_optimizer, save_optimizer
+    from race_core.train.rl import make_optimizer
+
+    rollouts = iteration[0].rollouts
+    model, tokenizer = load_policy(checkpoint)
+    optimizer = make_optimizer(model, CONFIG)
+    update_from_rollouts(model, tokenizer, rollouts, CONFIG, optimizer=optimizer, epsilon=EPSILON, iteration=0)
+    save_policy(model, tokenizer, tmp_path / "policy")
+    save_optimizer(optimizer, model, tmp_path / "optimizer")
+    update_from_rollouts(model, tokenizer, rollouts, CONFIG, optimizer=optimizer, epsilon=EPSILON, iteration=1)
+
+    again, tokenizer = load_policy(tmp_path / "policy")
+    fresh = make_optimizer(again, CONFIG)
+    load_optimizer(fresh, again, tmp_path / "optimizer")
+    update_from_rollouts(again, tokenizer, rollouts, CONFIG, optimizer=fresh, epsilon=EPSILON, iteration=1)
+    for (name, p), q in zip(model.named_parameters(), again.parameters(), strict=True):
+        assert torch.equal(p, q), name
+    with pytest.raises(ValueError, match="a AdamW's|not a SGD"):
+        load_optimizer(torch.optim.SGD(again.parameters(), lr=0.1), again, tmp_path / "optimizer")
