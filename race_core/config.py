@@ -127,6 +127,7 @@ class Resources:
     shard_size: Annotated[int, Check(ge=1)] = 64  # trajectories scored together (memory grows with it)
     kv_budget: int | str = 0  # KV-prefix copies the hf scorer keeps, e.g. 2GiB (0: half the free memory)
     vllm_eager: bool = False  # vLLM engines run eagerly (no torch.compile, no CUDA graphs): ~1 min less start-up on CPU, slower forwards after; for short jobs
+    vllm_gpu_share: Annotated[float, Check(ge=0, le=1)] = 0.3  # GPU memory an RL run's vLLM engine takes beside its trainer (vLLM's gpu_memory_utilization; stages that only sample take vLLM's default)
     executor: Executor = ""  # where cover shards and sample chunks run: local, pool (--pool) or ray ("": pool if --pool is set, else local)
     pool: str = ""  # Prefect work pool whose workers score the cover's shards and sample chunks ("": this process)
     pool_shards: Annotated[int, Check(ge=1)] = 4  # shards per child flow run on the pool

@@ -418,9 +418,11 @@ class LiveRun:
             from race_core.sampling import make_sampler
 
             at = time.perf_counter()
+            options = self.resources.engine_options(self.config.sampler)
+            if self.resources.device.startswith("cuda"):  # the trainer shares the GPU with the engine (colocated)
+                options.setdefault("gpu_memory_utilization", self.resources.vllm_gpu_share)
             self.engine = make_sampler(self.config.sampler, self.start.local_path(self.store),
-                                       device=self.resources.device, dtype=self.resources.dtype,
-                                       **self.resources.engine_options(self.config.sampler))
+                                       device=self.resources.device, dtype=self.resources.dtype, **options)
             self.engine_holds = self.start
             self.engine_starts += 1
             self.phases["engine_start"] = round(time.perf_counter() - at, 3)
