@@ -170,13 +170,24 @@ def render_markdown(summary: dict[str, Any], images: dict[str, str]) -> str:
         lines.append("")
     evals = summary.get("eval", {})
     if evals:
-        lines += ["## Held-out evaluation", "", "| stage | success rate | reasoning tokens / episode |",
-                  "|---|---|---|"]
-        lines += [f"| {STAGE_NAMES[s]} | {100 * evals[s]['success_rate']:.1f}% | "
-                  f"{evals[s]['reasoning_tokens_per_episode']:.1f} |" for s in EVAL_STAGES if s in evals]
+        lines += ["## Held-out evaluation", "", "| stage | success rate | reasoning tokens / episode | turns without "
+                  "reasoning | reasoning tokens / thinking turn |", "|---|---|---|---|---|"]
+        lines += [f"| {STAGE_NAMES[s]} | {100 * evals[s]['success_rate']:.1f}%"
+                  + (f" ± {100 * evals[s]['success_stderr']:.1f}" if "success_stderr" in evals[s] else "")
+                  + f" | {evals[s]['reasoning_tokens_per_episode']:.1f} | "
+                  + (f"{100 * evals[s]['skip_ratio']:.1f}%" if "skip_ratio" in evals[s] else "-") + " | "
+                  + (f"{evals[s]['reasoning_tokens_per_thinking_turn']:.1f}"
+                     if "reasoning_tokens_per_thinking_turn" in evals[s] else "-") + " |"
+                  for s in EVAL_STAGES if s in evals]
         lines.append("")
     if summary.get("rl"):
-        lines += ["## RL updates", "", *rl_table(summary["rl"]), ""]
+        lines += ["## RL iterations", "", *rl_table(summary["rl"]), ""]
+    if summary.get("rl_evaluations"):
+        lines += ["## Held-out evaluation during RL", "", "| iteration | success rate | reasoning tokens / episode | "
+                  "turns without reasoning |", "|---|---|---|---|"]
+        lines += [f"| {p['iteration']} | {100 * p['success_rate']:.1f}% | {p['reasoning_tokens_per_episode']:.1f} | "
+                  f"{100 * p['skip_ratio']:.1f}% |" for p in summary["rl_evaluations"]]
+        lines.append("")
     stages = summary.get("stages", {})
     if stages:
         lines += ["## Stages", "", "| stage | cached | wall s |", "|---|---|---|"]

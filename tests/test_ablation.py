@@ -145,6 +145,7 @@ def test_the_ablation_flow_caches_every_arm(prefect_harness, smoke_policy, tmp_p
         rl=RLConfig(iterations=1, tasks_per_iteration=2, group_size=2, max_turns=4, max_new_tokens=24, shape="two-part"))
     home, out = tmp_path / "home", tmp_path / "out"
     run = {"home": str(home), "out": str(out), "seeds": (0, 1), "config": config, "length_penalties": (0.01,),
+           "skip_bonuses": (0.05,), "rl_seeds": 1,
            "epsilons": (0.1, 0.5, 2.0), "curve": 1}
     first = race_ablate(**run)
     # seed by seed: every arm of seed 0 is trained before any of seed 1, so a run stopped part way holds
@@ -165,8 +166,15 @@ def test_the_ablation_flow_caches_every_arm(prefect_harness, smoke_policy, tmp_p
         successes, tokens = entry["success_rate"] * episodes, entry["reasoning_tokens_per_episode"] * episodes
         assert abs(successes - round(successes)) < 1e-9 and 0 <= round(successes) <= episodes
         assert abs(tokens - round(tokens)) < 1e-9
-        assert phases_of(entry) == {"race": ["rl", "grpo", "close", "grpo+lp0.01"], "none": ["grpo"]}.get(
-            entry["arm"], [])
+        rl_runs = {"race": ["rl", "grpo", "close", "grpo+lp0.01", "adapt0.05"], "none": ["grpo"]}
+        assert phases_of(entry) == (rl_runs.get(entry["arm"], []) if entry["seed"] == 0 else [])  # rl_seeds 1
+    # every RL run of the paper's table and the users' alternatives, from seed 0's SFT policies
+    assert set(written["rl_diagnostics"]) == {f"{name} seed 0" for name in (
+        "none+grpo", "race+rl", "race+grpo", "race+close", "race+grpo+lp0.01", "race+adapt0.05")}
+    assert {"race+rl", "none+grpo", "race+close", "race+adapt0.05"} <= set(written["summary"])
+    for name, summary in written["summary"].items():  # the paper's figures beside success, every arm
+        assert {"skip_ratio", "reasoning_tokens_per_thinking_turn"} <= set(summary), name
+    assert (out / "ablation-rl.png").stat().st_size > 0 and "ablation-rl.png" in (out / "report.md").read_text()
     assert (out / "ablation.png").stat().st_size > 0 and "| race |" in (out / "report.md").read_text()
     cross, gap = written["cross_turn"]["race"], written["cross_turn"]["local_vs_race"]
     assert 0 <= cross["rejected_by_later"] <= cross["rejected"] <= cross["candidates"] > 0
