@@ -252,7 +252,8 @@ def race_ablate(home: str = ".race", out: str = "runs/ablate", seeds: tuple[int,
             results.append({"arm": arm, "seed": seed, **_metrics(evaluated["metrics"], PolicyRef.of(policy).digest)})
             sft_policies[(arm, seed)] = policy
     results.sort(key=lambda e: (ARMS.index(e["arm"]), seeds.index(e["seed"])))  # the tables' order: arm, then seed
-    every = rl_eval_every or config.rl.iterations  # greedy held-out figures every N iterations (and after the last)
+    # greedy held-out figures every N iterations (and after the last): the config's, else the preset's
+    every = config.rl.eval_every or rl_eval_every or config.rl.iterations
     diagnostics: dict[str, list[dict[str, Any]]] = {}
     if config.rl.iterations:
         entries = {(e["arm"], e["seed"]): e for e in results}
