@@ -92,8 +92,8 @@ def _successful_episodes_of(backend: str, checkpoint: str, resources: Resources,
     from race_core.sampling import SamplingParams, make_sampler
 
     drawn = get_environment(env).generate_tasks(tasks, seed, difficulty, split="train", shape=shape)
-    sampler = make_sampler(backend, checkpoint, device=resources.device, dtype=resources.dtype,
-                           **resources.engine_options(backend))
+    sampler = make_sampler(backend, checkpoint, shared=True, device=resources.device, dtype=resources.dtype,
+                           **resources.sampler_options(backend))
     try:
         rollouts = play_episodes(None, None, drawn, samples, SamplingParams(temperature=temperature, seed=seed),
                                  sampler=sampler)

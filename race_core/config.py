@@ -127,7 +127,7 @@ class Resources:
     shard_size: Annotated[int, Check(ge=1)] = 64  # trajectories scored together (memory grows with it)
     kv_budget: int | str = 0  # KV-prefix copies the hf scorer keeps, e.g. 2GiB (0: half the free memory)
     vllm_eager: bool = False  # vLLM engines run eagerly (no torch.compile, no CUDA graphs): ~1 min less start-up on CPU, slower forwards after; for short jobs
-    vllm_gpu_share: Annotated[float, Check(ge=0, le=1)] = 0.3  # GPU memory an RL run's vLLM engine takes beside its trainer (vLLM's gpu_memory_utilization; stages that only sample take vLLM's default)
+    vllm_gpu_share: Annotated[float, Check(ge=0, le=1)] = 0.3  # GPU memory the process's sampling engine takes, an RL run's trainer beside it (vLLM's gpu_memory_utilization)
     executor: Executor = ""  # where cover shards and sample chunks run: local, pool (--pool) or ray ("": pool if --pool is set, else local)
     pool: str = ""  # Prefect work pool whose workers score the cover's shards and sample chunks ("": this process)
     pool_shards: Annotated[int, Check(ge=1)] = 4  # shards per child flow run on the pool
@@ -163,6 +163,15 @@ class Resources:
         options: dict[str, Any] = {"enforce_eager": True} if self.vllm_eager else {}
         if self.device.split(":")[0] == "cpu":
             options["enable_chunked_prefill"] = False
+        return options
+
+    def sampler_options(self, backend: str) -> dict[str, Any]:
+        """The options of a sampler on the process's shared engine (`race_core.sampling.shared`): the
+        engine's, and on a GPU its share of the memory (`vllm_gpu_share`), which leaves the rest to an
+        RL run's trainer beside it."""
+        options = self.engine_options(backend)
+        if backend == "vllm" and self.device.split(":")[0] == "cuda":
+            options["gpu_memory_utilization"] = self.vllm_gpu_share
         return options
 
     def training_keyed(self) -> dict[str, Any]:

@@ -35,8 +35,9 @@ def agent_policy(store: ArtifactStore, checkpoint: str, config: AgentBootstrapCo
     def compute() -> dict[str, Any]:
         from race_core.train.checkpoint_bootstrap import bootstrap_agent
         from race_core.train.distributed import TrainOptions, clear_state
-        from tasks.training_runs import train_state_dir
+        from tasks.training_runs import make_room, train_state_dir
 
+        make_room(resources)
         # the SFT state saved every resources.train_save_every steps: a bootstrap killed mid-way resumes there
         state = train_state_dir("bootstrap", keyed, {}, base.digest)
         model, tokenizer = base.load(store, resources)

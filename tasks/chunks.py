@@ -120,10 +120,10 @@ class SampleWorker(UnitWorker):
             source = job.source or job.policy
             if job.config.sampler == "hf":
                 self.model, self.tokenizer = source.load(self.store, replace(job.resources, device=self.device))
-            else:  # another backend over the same checkpoint (vllm)
-                self.sampler = make_sampler(job.config.sampler, source.local_path(self.store), device=self.device,
-                                            dtype=job.resources.dtype,
-                                            **job.resources.engine_options(job.config.sampler))
+            else:  # another backend over the same checkpoint (vllm): the process's engine
+                self.sampler = make_sampler(job.config.sampler, source.local_path(self.store), shared=True,
+                                            device=self.device, dtype=job.resources.dtype, digest=source.digest,
+                                            **job.resources.sampler_options(job.config.sampler))
             load_s = time.perf_counter() - started
         rollouts = sample_rollouts(self.model, self.tokenizer, job.config, job.iteration, chunk, sampler=self.sampler)
         data = rollouts_to_json(rollouts).encode("utf-8")

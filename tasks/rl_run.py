@@ -11,7 +11,8 @@ Every `eval_every` iterations (and after the last) the new policy plays the held
 
 What lives across iterations, in this process (`LiveRun`): the trainer's model and its optimizer
 (AdamW's moments carry from one update to the next, as one training run), and the sampler: with
-`rl.sampler = vllm` one engine, built once and given each new policy's weights in place
+`rl.sampler = vllm` the process's one engine (`race_core.sampling.shared`: built once, by this run or
+a stage before it, and kept for the stages after), given each new policy's weights in place
 (`EngineOwner.load_weights`), serving the evaluations too; with `hf` the trainer's own model, which
 is the policy. After each iteration the new policy's checkpoint and the optimizer's state are put
 into the store and named by `stages/rl-resume/<scope>.json` (overwritten each iteration): a run that
@@ -287,12 +288,12 @@ class LiveRun:
         self.keep = keep  # off: the baseline that closes everything after each iteration (`rl_run(live=False)`)
         self.model = self.tokenizer = self.optimizer = self.renderer = None
         self.holds: PolicyRef | None = None  # the policy the trainer's model holds
-        self.engine = None  # a vLLM sampler over `engine_holds`
+        self.engine = None  # the process's vLLM engine (`race_core.sampling.shared`), holding `engine_holds`
         self.engine_holds: PolicyRef | None = None
         self.created: list[Path] = []  # local checkpoint folders this run wrote (removed when superseded)
         self.superseded: list[PolicyRef] = []
         self.phases: dict[str, float] = {}
-        self.engine_starts = 0  # engines built by this run in this process (a resumed run builds one more)
+        self.engine_starts = 0  # engines this run built (0: it found the process's engine of another stage)
         self.optimizer_state: str | None = None  # the store object of the optimizer state last saved or restored
         self.launched: tuple[PolicyRef, str] | None = None  # a launched update's policy and optimizer state
 
@@ -414,23 +415,15 @@ class LiveRun:
                 return HFSampler(model, tokenizer, batch_size=batch)
             self._trainer(policy)
             return HFSampler(self.model, self.tokenizer, renderer=self.renderer, batch_size=batch)
-        if self.engine is None:
-            from race_core.sampling import make_sampler
+        if self.engine is None or self.engine_holds.digest != policy.digest:  # the process's engine, this policy in it
+            from race_core.sampling.shared import shared_sampler
 
-            at = time.perf_counter()
-            options = self.resources.engine_options(self.config.sampler)
-            if self.resources.device.startswith("cuda"):  # the trainer shares the GPU with the engine (colocated)
-                options.setdefault("gpu_memory_utilization", self.resources.vllm_gpu_share)
-            self.engine = make_sampler(self.config.sampler, self.start.local_path(self.store),
-                                       device=self.resources.device, dtype=self.resources.dtype, **options)
-            self.engine_holds = self.start
-            self.engine_starts += 1
-            self.phases["engine_start"] = round(time.perf_counter() - at, 3)
-        if self.engine_holds.digest != policy.digest:
-            at = time.perf_counter()
-            self.engine.load_weights(policy.local_path(self.store))
+            self.engine = shared_sampler(policy.local_path(self.store), device=self.resources.device,
+                                         dtype=self.resources.dtype, digest=policy.digest,
+                                         **self.resources.sampler_options(self.config.sampler))
             self.engine_holds = policy
-            self.phases["weight_load"] = round(time.perf_counter() - at, 3)
+            self.engine_starts += self.engine.built
+            self.phases.update(self.engine.seconds)
             self._sweep()
         return self.engine
 
@@ -456,8 +449,12 @@ class LiveRun:
                 self.created.remove(folder)
 
     def close(self) -> None:
-        if self.engine is not None:
-            self.engine.close()
+        """Drop the trainer; the process's engine stays for the next stage, but for the baseline
+        (`keep` off), which builds one every iteration."""
+        if self.engine is not None and not self.keep:
+            from race_core.sampling.shared import release_shared
+
+            release_shared()
         self.engine = self.engine_holds = None
         self.close_trainer()
 

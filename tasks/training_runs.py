@@ -32,6 +32,15 @@ from tasks.fingerprints import stage_code
 logger = logging.getLogger(__name__)
 
 
+def make_room(resources: Resources) -> None:
+    """Before training on a GPU: the process's shared sampling engine gives its memory back (it is built
+    again, once, by the next stage that samples). On a CPU it stays: its memory is the host's."""
+    if resources.device.split(":")[0] == "cuda":
+        from race_core.sampling.shared import release_shared
+
+        release_shared()
+
+
 def launches(resources: Resources) -> bool:
     """Whether the training stages run in launched processes (else in this one)."""
     return resources.train_processes > 1 or bool(resources.accelerate_config)
@@ -168,6 +177,7 @@ def sft_compute(store: ArtifactStore, data: str, base, config: SFTConfig, resour
     from race_core.train import sft as sft_module
 
     every = max(1, (config.steps or 100) // 10)
+    make_room(resources)
 
     def progress(step: int, total: int, loss: float) -> None:
         if step == 1 or step % every == 0 or step == total:

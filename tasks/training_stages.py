@@ -108,9 +108,9 @@ def evaluate(store: ArtifactStore, policy: PolicyRef, config: EvalConfig, resour
         own = sampler
         if own is None and config.sampler == "hf":
             model, tokenizer = policy.load(store, resources)
-        elif own is None:  # another backend over the same checkpoint (vllm)
-            own = make_sampler(config.sampler, policy.local_path(store), device=resources.device,
-                               dtype=resources.dtype, **resources.engine_options(config.sampler))
+        elif own is None:  # another backend over the same checkpoint (vllm): the process's engine
+            own = make_sampler(config.sampler, policy.local_path(store), shared=True, device=resources.device,
+                               dtype=resources.dtype, digest=policy.digest, **resources.sampler_options(config.sampler))
         try:
             report = evaluate_policy(model, tokenizer, tasks, greedy=True, seed=config.seed, max_turns=config.max_turns,
                                      max_new_tokens=config.max_new_tokens, sampler=own)

@@ -97,6 +97,8 @@ def test_an_rl_run_samples_and_evaluates_each_policy_on_one_engine(smoke_policy,
     trainer's forward), the second one's those of the updated policy, not the first's."""
     from race_core.policy import load_policy
     from race_core.rollout import rollouts_from_json
+    from race_core.sampling.shared import release_shared, shared_engine_builds
+    from race_core.train.bootstrap import SMOKE
     from race_core.train.rl import token_logprobs
     from storage import ArtifactStore
     from tasks.rl_run import rl_run
@@ -104,7 +106,7 @@ def test_an_rl_run_samples_and_evaluates_each_policy_on_one_engine(smoke_policy,
 
     require_vllm()
     monkeypatch.setenv("RACE_CHECKPOINT_CACHE", str(tmp_path / "checkpoints"))
-    from race_core.train.bootstrap import SMOKE
+    release_shared()  # an engine an earlier test of this process left: this run builds its own
 
     # the tasks the SMOKE policy was fitted to at iteration 0: groups of wins and losses, so the weights move
     config = RLConfig(iterations=2, tasks_per_iteration=SMOKE.expert_tasks, group_size=2, max_new_tokens=64,
@@ -112,8 +114,10 @@ def test_an_rl_run_samples_and_evaluates_each_policy_on_one_engine(smoke_policy,
                       eval_every=2, keep_every=1)
     evaluate = EvalConfig(tasks=2, max_turns=3, max_new_tokens=32, sampler="vllm")
     store = ArtifactStore(str(tmp_path / "store"))
+    builds = shared_engine_builds()
     ran = rl_run(store, PolicyRef.local(smoke_policy), config, 10.0, evaluate, EAGER)
     first, second = ran["metrics"]["iterations"]
+    assert shared_engine_builds() == builds + 1
     assert first["trained_tokens"] > 0  # the first update moved the policy
     assert ran["metrics"]["engine_starts"] == 1  # one engine for the run (built for the start's evaluation)
     assert "engine_start" not in first["phases"] and "engine_start" not in second["phases"]
@@ -134,6 +138,12 @@ def test_an_rl_run_samples_and_evaluates_each_policy_on_one_engine(smoke_policy,
             gap = max(gap, float((own[mask] - torch.tensor(rollout.old_logprobs)[mask]).abs().max()))
         worst.append(gap)
     print(f"\nlargest |trainer - vLLM| log-prob of a sampled token, per iteration: {worst}")
+    # the next stage of the process, an evaluation of the run's policy, plays on the same engine
+    from tasks.training_stages import evaluate as evaluate_stage
+
+    again = evaluate_stage(store, PolicyRef.of(ran), EvalConfig(tasks=3, max_turns=3, max_new_tokens=32,
+                                                                sampler="vllm"), EAGER)
+    assert not again["cached"] and shared_engine_builds() == builds + 1
     # measured here: ~1e-5 (float32, CPU; a fresh engine on the same policy gave 5.7e-6): the engine played
     # each iteration's own policy (the first policy's weights would be off by the update, ~1e-2 at lr 1e-3)
     assert max(worst) < 6e-5

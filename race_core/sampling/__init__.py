@@ -67,14 +67,21 @@ class Sampler(Protocol):
         ...
 
 
-def make_sampler(backend: str, checkpoint: str, **options) -> Sampler:
-    """Build a sampler by backend name ('hf' or 'vllm') over a local checkpoint folder."""
+def make_sampler(backend: str, checkpoint: str, *, shared: bool = False, **options) -> Sampler:
+    """Build a sampler by backend name ('hf' or 'vllm') over a local checkpoint folder. `shared`: vLLM's
+    on the process's one engine (`race_core.sampling.shared`), which keeps it for the next caller."""
     if backend == "hf":
         from race_core.sampling.hf import HFSampler
 
+        options.pop("digest", None)
         return HFSampler.from_pretrained(checkpoint, **options)
     if backend == "vllm":
+        if shared:
+            from race_core.sampling.shared import shared_sampler
+
+            return shared_sampler(checkpoint, **options)
         from race_core.sampling.vllm import VLLMSampler
 
+        options.pop("digest", None)
         return VLLMSampler.from_pretrained(checkpoint, **options)
     raise ValueError(f"unknown sampling backend {backend!r}: expected 'hf' or 'vllm'")

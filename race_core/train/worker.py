@@ -79,10 +79,8 @@ def run_spec(spec: LaunchSpec) -> dict[str, Any] | None:
                    "target_tokens": report.target_tokens, "trajectories": len(trajectories), **report.extra}
     elif spec.kind == "rl":
         from race_core.rollout import rollouts_from_json
-        from race_core.train.rl import update_from_rollouts
-
         from race_core.train.optimizer_state import load_optimizer, save_optimizer
-        from race_core.train.rl import make_optimizer
+        from race_core.train.rl import make_optimizer, update_from_rollouts
 
         config = from_dict(RLConfig, spec.config)
         rollouts = rollouts_from_json(Path(spec.data).read_text(encoding="utf-8"))
