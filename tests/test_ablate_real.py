@@ -48,10 +48,13 @@ def test_the_whole_loop_runs_on_a_real_instruct_model_in_the_multi_turn_world(pr
     the cross-turn figure and the RL diagnostics are, each checked against what the run stored. The
     inputs are the scripted expert's episodes in the policy's format (a few SFT steps do not teach
     a 135M model to win lookup episodes of its own), so the covers see the reasoning kinds of a
-    real multi-turn agent."""
+    real multi-turn agent. Every evaluation and every RL run plays on the process's one vLLM engine
+    (`race_core.sampling.shared`), each policy's weights loaded into it in place."""
+    from components import require_vllm
+
     from flows.ablate import race_ablate
     from race_core.ablation import candidate_turns
-    from race_core.config import CoverConfig, EvalConfig, PipelineConfig, RLConfig, SFTConfig
+    from race_core.config import CoverConfig, EvalConfig, PipelineConfig, Resources, RLConfig, SFTConfig
     from race_core.envs import get_environment
     from race_core.envs.agent import AgentPrompt
     from race_core.policy import load_tokenizer
@@ -72,8 +75,15 @@ def test_the_whole_loop_runs_on_a_real_instruct_model_in_the_multi_turn_world(pr
         checkpoint=str(smollm2_checkpoint), inputs=(str(path),), cover=CoverConfig(epsilon=0.1),
         sft=SFTConfig(steps=2, batch_size=4, lr=5e-5, max_length=1024),
         rl=RLConfig(env="lookup", shape="random", iterations=1, tasks_per_iteration=1, group_size=2, max_turns=turns,
-                    max_new_tokens=tokens, lr=1e-5),
-        evaluate=EvalConfig(env="lookup", shape="random", tasks=held_out, max_turns=turns, max_new_tokens=tokens))
+                    max_new_tokens=tokens, lr=1e-5, sampler="vllm"),
+        evaluate=EvalConfig(env="lookup", shape="random", tasks=held_out, max_turns=turns, max_new_tokens=tokens,
+                            sampler="vllm"),
+        resources=Resources(vllm_eager=True))
+    require_vllm()
+    from race_core.sampling.shared import release_shared, shared_engine_builds
+
+    release_shared()
+    builds = shared_engine_builds()
     bootstrap = AgentBootstrapConfig(env="lookup", shape="random", expert_tasks=24, check_tasks=1, check_samples=2,
                                      max_turns=turns, max_new_tokens=tokens,
                                      sft=SFTConfig(lr=3e-4, steps=4, batch_size=4, warmup_steps=1, max_length=1024))
@@ -127,6 +137,7 @@ def test_the_whole_loop_runs_on_a_real_instruct_model_in_the_multi_turn_world(pr
             assert metrics["masked_tokens"] == metrics["closure_terms"] == 0
         assert metrics["skip_ratio"] == sum(not t.reasoning.strip() for r in rollouts for t in r.turns) / max(
             metrics["total_turns"], 1)
+    assert shared_engine_builds() == builds + 1  # one engine played every evaluation and every RL run
     race_entry = result["arms"][0]
     assert set(race_entry) >= {"rl", "grpo", "grpo+lp0.01"}
     again = race_ablate(**run)
