@@ -147,12 +147,16 @@ def _iterate(store: ArtifactStore, scope: str, live: LiveRun, start: PolicyRef, 
 
     records = [] if force else committed_iterations(store, scope, config.iterations)
     state = store.read_record(resume_record(scope)) if records else None
-    if records and (state is None or state.get("iteration") != len(records) - 1
-                    or store.manifest_damage(state) is not None):
+    usable = state is not None and state.get("iteration") == len(records) - 1 and store.manifest_damage(state) is None
+    done = len(records) == config.iterations and "checkpoint" in (records[-1]["objects"] if records else {})
+    current = start
+    if done and not usable:  # every iteration asked for is committed (a longer run went on from the last)
+        current = PolicyRef(digest=records[-1]["policy_digest"], folder=records[-1]["objects"]["checkpoint"])
+        state = None
+    elif records and not usable:
         logger.warning(f"rl: {len(records)} iteration(s) committed but the state after the last is gone; "
                        "starting the run again from its first policy")
         records, state = [], None
-    current = start
     if state is not None:
         current = PolicyRef(digest=state["policy_digest"], folder=state["objects"]["checkpoint"])
         live.restore(current, state["objects"]["optimizer"])
