@@ -120,10 +120,10 @@ DECLARED: tuple[Stage, ...] = (
           "tasks.training_stages:sample_stage", inputs=("policy", "iteration"), config="rl", reads=("resources",),
           outputs=("rollouts",), units="sample-chunk", gpu=True),
     Stage("rl", 2, ("sft",),  # a run of iterations (tasks.rl_run): sample, update, evaluate every rl.eval_every
-          StageKey(("race_core/train/rl.py", "race_core/train/optimizer_state.py", *_TRAINING, "race_core/loss.py",
+          StageKey(("race_core/train/rl*.py", "race_core/train/optimizer_state.py", *_TRAINING, "race_core/loss.py",
                     "race_core/cover.py", "race_core/scoring/*.py", "race_core/evaluate.py", *_POLICY_LOOP,
                     "race_core/vllm_weights.py", *_RENDER, "tasks/training_stages.py", "tasks/training_runs.py",
-                    "tasks/chunks.py", "tasks/rl_run.py"), (*_MODEL_LIBRARIES, "accelerate")),
+                    "tasks/chunks.py", "tasks/rl_run.py", "tasks/live_run.py"), (*_MODEL_LIBRARIES, "accelerate")),
           "tasks.rl_run:rl_run_stage", inputs=("policy",), config="rl", reads=("cover", "evaluate", "resources"),
           outputs=("checkpoint",), gpu=True, progress="RL iterations"),  # cover: its ε (unless rl.epsilon)
     Stage("evaluate", 2, (), StageKey(("race_core/evaluate.py", *_POLICY_LOOP, *_RENDER, "tasks/training_stages.py",
