@@ -99,4 +99,13 @@ def release_shared() -> None:
         engine.close()
 
 
-atexit.register(release_shared)
+def _release_at_exit() -> None:
+    """The engine's shutdown at the interpreter's exit: its log lines may meet streams already closed
+    (a test runner's capture), which is no error of ours to report."""
+    import logging
+
+    logging.raiseExceptions = False
+    release_shared()
+
+
+atexit.register(_release_at_exit)

@@ -208,16 +208,16 @@ def update_from_rollouts(
     step = UpdateSteps(run, batch, config, timer, skip_idle_rows=skip_idle_rows and run.world_size == 1, pad_id=pad_id,
                   closure_terms=closure_terms)
     plan = mini_batches(len(rows), config, iteration)
-    whole = len(plan) == 1  # one optimizer step on every row: the batch's own (global) denominators
     if config.old_logprobs == "trainer":
-        step.old_logprobs_from_trainer(before_first_step=not whole)
+        step.old_logprobs_from_trainer(before_first_step=len(plan) > 1)
     losses: list[float] = list(run.history.get("losses", []))  # a resumed launched run: its steps so far
     grad_norms: list[float] = list(run.history.get("grad_norms", []))
     first = None
     for number, part in enumerate(plan):
         if number < run.start_step:
             continue
-        denominators = (policy_tokens, total_turns) if whole else None
+        # a step over every row: the batch's denominators, counted over every process; a mini-batch its own
+        denominators = (policy_tokens, total_turns) if len(part) == len(rows) else None
         loss, closure_term = step.take(part, denominators)
         grad_norms.append(step.clip_and_step(config.max_grad_norm))
         losses.append(loss)
