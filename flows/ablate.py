@@ -149,9 +149,10 @@ def _command(home: str, out: str, checkpoint: str, preset: str, epsilons: tuple[
 
 
 def _overrides(preset: str, seeds: tuple[int, ...], curve: int, rl_iterations: int,
-               arms: tuple[str, ...] | None = None) -> tuple[str, ...]:
+               arms: tuple[str, ...] | None = None, rl_arms: tuple[str, ...] | None = None,
+               rl_seeds: int | None = None) -> tuple[str, ...]:
     """The options of a run that left its preset where a cut-short run leaves it: fewer seeds or arms, no
-    curve, no RL."""
+    curve, other RL iterations, fewer RL runs or seeds."""
     if preset not in PRESETS:
         return ()
     given = PRESETS[preset]
@@ -159,7 +160,9 @@ def _overrides(preset: str, seeds: tuple[int, ...], curve: int, rl_iterations: i
         ("--seeds " + " ".join(map(str, seeds)), tuple(seeds) != tuple(given.seeds)),
         ("--arms " + " ".join(arms or ()), arms is not None and tuple(arms) != tuple(given.arms)),
         (f"--curve {curve}", curve != given.curve),
-        (f"--rl-iterations {rl_iterations}", rl_iterations != given.config.rl.iterations)) if differs)
+        (f"--rl-iterations {rl_iterations}", rl_iterations != given.config.rl.iterations),
+        ("--rl-arms " + " ".join(rl_arms or ()), rl_arms is not None and rl_arms != given.rl_arms),
+        (f"--rl-seeds {rl_seeds}", rl_seeds is not None and rl_seeds != given.rl_seeds)) if differs)
 
 
 EVAL_FIGURES = ("success_rate", "success_stderr", "reasoning_tokens_per_episode", "skip_ratio",
@@ -310,7 +313,8 @@ def race_ablate(home: str = ".race", out: str = "runs/ablate", seeds: tuple[int,
         "rl_diagnostics": diagnostics,  # per RL run, per iteration: loss terms, masked tokens, closure terms
         "computed": sum(not m["cached"] for m in manifests),  # stages computed by this run (0: all cached)
         "run": {"command": _command(home, out, config.checkpoint, preset, epsilons,
-                                    _overrides(preset, seeds, curve, config.rl.iterations, arms)),
+                                    _overrides(preset, seeds, curve, config.rl.iterations, arms, rl_arms,
+                                               rl_seeds)),
                 "preset": preset, "left_out": left_out, "seeds": list(seeds),
                 "arms": list(arms),
                 "epsilon": eps, "policy_digest": base.digest, "inputs": paths, "store": store,

@@ -105,7 +105,10 @@ def test_the_recorded_command_names_where_a_run_left_its_preset():
     preset = PRESETS["cpu-lookup"]
     assert _overrides("cpu-lookup", preset.seeds, preset.curve, preset.config.rl.iterations) == ()
     assert _overrides("cpu-lookup", (0, 1), 0, 0) == ("--seeds 0 1", "--curve 0", "--rl-iterations 0")
-    assert _overrides("cpu-lookup", preset.seeds, preset.curve, 2, ("none", "race")) == ("--arms none race",)
+    assert _overrides("cpu-lookup", preset.seeds, preset.curve, preset.config.rl.iterations, ("none", "race")) == (
+        "--arms none race",)
+    assert _overrides("cpu-lookup", preset.seeds, preset.curve, 3, None, ("race+rl", "none+grpo"), 1) == (
+        "--rl-iterations 3", "--rl-arms race+rl none+grpo")  # rl_seeds 1 is the preset's
     assert _overrides("", (0, 1), 0, 0) == ()  # no preset: the flow's own defaults, nothing to name
 
 
