@@ -52,7 +52,7 @@ def test_every_model_stage_loads_with_the_requested_device_and_dtype(smoke_polic
     tuned = run("sft", training_stages.sft, store, compressed["objects"]["compressed"], base,
                 SFTConfig(steps=1, batch_size=2), resources)
     rl_config = RLConfig(tasks_per_iteration=1, group_size=2, max_turns=2, max_new_tokens=24)
-    sampled = run("sample", training_stages.sample, store, PolicyRef.of(tuned), rl_config, resources, 0)
+    run("sample", training_stages.sample, store, PolicyRef.of(tuned), rl_config, resources, 0)
     run("rl", rl_run, store, PolicyRef.of(tuned), rl_config, 1e-3, EvalConfig(), resources)
     run("evaluate", training_stages.evaluate, store, PolicyRef.of(tuned), EvalConfig(tasks=1, max_new_tokens=24),
         resources, "after_sft")
