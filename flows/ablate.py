@@ -279,7 +279,8 @@ def race_ablate(home: str = ".race", out: str = "runs/ablate", seeds: tuple[int,
                                        resources=resources)
                 manifests.append(ran)
                 diagnostics[f"{arm}+{phase} seed {seed}"] = ran["metrics"]["iterations"]
-                figures = [{"iteration": p["iteration"], **_metrics(p, p["policy_digest"])}
+                figures = [{"iteration": p["iteration"], **_metrics(p, p["policy_digest"]),
+                            "episodes_object": p["episodes_object"]}
                            for p in ran["metrics"]["evaluations"] if p["iteration"] > 0]
                 seconds = sum(m["seconds"] for m in ran["metrics"]["iterations"]) + sum(
                     p.get("seconds", 0.0) for p in ran["metrics"]["evaluations"])

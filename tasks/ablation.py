@@ -108,12 +108,29 @@ def write_ablation(out_dir: str | Path, result: dict[str, Any]) -> dict[str, Pat
     markdown = render_markdown(result, plot.name if plot else None)
     (out / "report.md").write_text(markdown)
     written = {"json": out / "ablation.json", "report": out / "report.md",
-               "html": write_page(out / "report.html", "RACE ablation", markdown)}
+               "html": write_page(out / "report.html", "RACE ablation", markdown, _episodes_explorer(result))}
     if plot:
         written["plot"] = plot
     if curves:
         written["rl_plot"] = curves
     return written
+
+
+def _episodes_explorer(result: dict[str, Any]) -> dict[str, Any] | None:
+    """The page's explorer over the held-out episodes of the method's last evaluation (race+rl, first
+    seed: its `episodes` dataset in the run's store), turn by turn; None when the run has none."""
+    import pandas as pd
+
+    from report.page import explorer_data
+    from storage.parquet import iter_rows_from_store, schema_for
+
+    entry = next((e for e in result["arms"] if e["arm"] == "race" and "rl" in e), None)
+    digest = entry["rl"].get("episodes_object") if entry else None
+    store = result.get("run", {}).get("store")
+    if not digest or not store:
+        return None
+    no_decisions = pd.DataFrame({f.name: pd.Series(dtype=object) for f in schema_for("decisions")})
+    return explorer_data({"": no_decisions}, iter_rows_from_store(ArtifactStore(store), digest, "episodes"))
 
 
 _COLORS = {"none": "#4C72B0", "race": "#C44E52", "local": "#DD8452", "random": "#8172B2", "all": "#55A868"}

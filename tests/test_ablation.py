@@ -136,6 +136,7 @@ def test_the_ablation_flow_caches_every_arm(prefect_harness, smoke_policy, tmp_p
     from flows.ablate import race_ablate
     from race_core.config import CoverConfig, EvalConfig, PipelineConfig, RLConfig, SFTConfig
     from storage import ArtifactStore
+    from storage.parquet import read_dataset_from_store
     from tasks.stages import iter_trajectories
 
     inputs = tmp_path / "kinds.jsonl"
@@ -178,6 +179,12 @@ def test_the_ablation_flow_caches_every_arm(prefect_harness, smoke_policy, tmp_p
     for name, summary in written["summary"].items():  # the paper's figures beside success, every arm
         assert {"skip_ratio", "reasoning_tokens_per_thinking_turn"} <= set(summary), name
     assert (out / "ablation-rl.png").stat().st_size > 0 and "ablation-rl.png" in (out / "report.md").read_text()
+    # the page's explorer opens the method's held-out episodes (race+rl, seed 0, its last evaluation)
+    page = (out / "report.html").read_text()
+    race = next(e for e in written["arms"] if e["arm"] == "race" and e["seed"] == 0)
+    stored_episodes = read_dataset_from_store(stored, race["rl"]["episodes_object"], "episodes")
+    assert len(stored_episodes) == config.evaluate.tasks and 'id="race-data"' in page
+    assert all(json.dumps(q)[1:-1] in page for q in stored_episodes["id"])
     assert (out / "ablation.png").stat().st_size > 0 and "| race |" in (out / "report.md").read_text()
     cross, gap = written["cross_turn"]["race"], written["cross_turn"]["local_vs_race"]
     assert 0 <= cross["rejected_by_later"] <= cross["rejected"] <= cross["candidates"] > 0
