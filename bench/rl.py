@@ -16,6 +16,9 @@ the store, every row trains), in the same process on the same machine, and the r
 `--precision`: on the first iteration's rollouts (its first four groups), the update's loss and gradient under bf16 autocast
 against float32 (the relative difference of the loss, the cosine of the gradients, the time of each),
 and the sampler's log-probs against the trainer's in each precision: what decides whether bf16 is fit.
+It runs last; on a CPU without bf16 matrix instructions (`fast_bf16` false in the record) its bf16
+half is emulated and takes many times the float32 half. The JSON is written after each part, so a
+long bench stopped part way keeps what it measured.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import json
 import logging
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +54,9 @@ def run_rl_bench(checkpoint: str, env: str, iterations: int, tasks: int, group: 
                  sampler: str = "vllm", mixed_precision: str = "no", lr: float = 1e-6, mini_batch: int = 0,
                  epochs: int = 1, epsilon: float = 0.03, max_new_tokens: int = 96, max_turns: int = 8,
                  micro_batch: int = 2, seed: int = 0, compare: bool = False, precision: bool = False,
-                 vllm_eager: bool = True) -> dict[str, Any]:
-    """The record `race bench rl` prints and writes (the module docstring)."""
+                 vllm_eager: bool = True, on_part: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """The record `race bench rl` prints and writes (the module docstring); `on_part` gets it as it
+    stands after each part (a run, the precision check): a long bench stopped part way keeps those."""
     import torch
 
     from race_core.config import EvalConfig, Resources, RLConfig
@@ -91,16 +96,21 @@ def run_rl_bench(checkpoint: str, env: str, iterations: int, tasks: int, group: 
                 report.update(run)
             else:
                 report[name] = run
-            if precision and name == "after":
+            if precision and name == "after":  # kept for the check, after the comparison
                 from race_core.rollout import rollouts_from_json
 
                 first = ran["metrics"]["iterations"][0]
                 rollouts = rollouts_from_json(store.get_bytes(first["rollouts_object"]).decode("utf-8"))
                 groups = sorted({r.group for r in rollouts})[:4]  # four groups: the comparison, not its size
-                report["precision"] = precision_check(checkpoint, [r for r in rollouts if r.group in groups],
-                                                      config, epsilon)
+                first_groups = [r for r in rollouts if r.group in groups]
         logger.info(f"bench rl {name}: {wall:.0f} s")
-    _ratios(report)
+        _ratios(report)
+        if on_part is not None:
+            on_part(report)
+    if precision:
+        report["precision"] = precision_check(checkpoint, first_groups, config, epsilon)
+        if on_part is not None:
+            on_part(report)
     return report
 
 
@@ -214,13 +224,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def cmd_bench_rl(args: argparse.Namespace) -> int:
     from race_core.policy import check_checkpoint_dir
 
+    def write(report: dict[str, Any]) -> None:
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+
     report = run_rl_bench(str(check_checkpoint_dir(args.checkpoint)), args.env, args.iterations, args.tasks, args.group,
                           eval_tasks=args.eval_tasks, sampler=args.sampler, mixed_precision=args.mixed_precision,
                           lr=args.lr, mini_batch=args.mini_batch, epochs=args.epochs, epsilon=args.epsilon,
                           max_new_tokens=args.max_new_tokens, max_turns=args.max_turns, micro_batch=args.micro_batch,
-                          seed=args.seed, compare=args.compare, precision=args.precision, vllm_eager=args.vllm_eager)
+                          seed=args.seed, compare=args.compare, precision=args.precision, vllm_eager=args.vllm_eager,
+                          on_part=write)
+    write(report)
     print(format_rl(report))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
     return 0

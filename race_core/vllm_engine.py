@@ -123,6 +123,12 @@ _WEIGHTLESS = {"architecture": ("torch_dtype", "dtype", "transformers_version", 
                "tokenizer": ("is_local", "local_files_only", "name_or_path", "_name_or_path")}
 
 
+def _signature(folder: Path) -> dict[str, dict[str, Any]]:
+    """A checkpoint folder's architecture and tokenizer, as `_shape_of` reads them."""
+    return {what: _shape_of(folder, names, what)
+            for what, names in (("architecture", ("config.json",)), ("tokenizer", TOKENIZER_FILES))}
+
+
 def _shape_of(folder: Path, names: tuple[str, ...], what: str) -> dict[str, Any]:
     """What must agree between an engine's checkpoint and weights loaded into it: the config's
     architecture fields, or the tokenizer's files."""
@@ -156,6 +162,9 @@ class EngineOwner:
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(llm.model_config.tokenizer)
         self.renderer = renderer or Renderer(self.tokenizer)
         self.owns_engine = owns_engine
+        # what weights loaded later must agree with, read now: the folder the engine was built from may
+        # be gone by then (an RL run removes the checkpoints it has superseded)
+        self.signature = _signature(Path(llm.model_config.model))
 
     @classmethod
     def from_pretrained(cls: type[_Owner], checkpoint: str | Path, *, dtype: str = "float32",
@@ -176,10 +185,10 @@ class EngineOwner:
         `WORKER_EXTENSION`). A folder whose tokenizer or architecture differs is an error: it needs
         an engine of its own."""
         path = check_checkpoint_dir(checkpoint)
-        current = Path(self.engine().model_config.model)
-        for what, names in (("architecture", ("config.json",)), ("tokenizer", TOKENIZER_FILES)):
-            if _shape_of(current, names, what) != _shape_of(path, names, what):
-                raise ValueError(f"{path}: its {what} differs from the live engine's ({current}); "
+        built_from = self.engine().model_config.model
+        for what, shape in _signature(path).items():
+            if shape != self.signature[what]:
+                raise ValueError(f"{path}: its {what} differs from the live engine's (built from {built_from}); "
                                  "build an engine for it instead of loading its weights into this one")
         self.engine().collective_rpc("load_policy_weights", args=(str(path),))
         self.engine().reset_prefix_cache()

@@ -30,6 +30,8 @@ class LiveRun:
         self.keep = keep  # off: the baseline that closes everything after each iteration (`rl_run(live=False)`)
         self.model = self.tokenizer = self.optimizer = self.renderer = None
         self.holds: PolicyRef | None = None  # the policy the trainer's model holds
+        self.current = start  # the run's policy: the one the next update trains
+        self.other: tuple[str, Any] | None = None  # with `hf`: (digest, sampler) of another policy of the run's
         self.engine = None  # the process's vLLM engine (`race_core.sampling.shared`), holding `engine_holds`
         self.engine_holds: PolicyRef | None = None
         self.created: list[Path] = []  # local checkpoint folders this run wrote (removed when superseded)
@@ -67,9 +69,8 @@ class LiveRun:
         from tasks.training_runs import launches
 
         self.close_trainer()
-        self.optimizer_state = optimizer
+        self.optimizer_state, self.current = optimizer, policy
         if launches(self.resources):  # the launched processes load them
-            self.holds = policy
             return
         self._trainer(policy)
         with tempfile.TemporaryDirectory(prefix="race-optimizer-") as tmp:
@@ -87,7 +88,7 @@ class LiveRun:
         from race_core.train.rl import update_from_rollouts
         from tasks.training_runs import launches
 
-        policy = self.holds or self.start
+        policy = self.current
         if launches(self.resources):
             return self._launched_update(policy, rollouts_digest, iteration, epsilon)
         self._trainer(policy)
@@ -103,9 +104,13 @@ class LiveRun:
 
     def _launched_update(self, policy: PolicyRef, rollouts_digest: str, iteration: int, epsilon: float
                          ) -> dict[str, Any]:
+        import hashlib
+
         from tasks.training_runs import rl_compute, train_state_root
 
-        state = train_state_root() / f"rl-{uuid.uuid4().hex}"
+        # named by what the launch computes: a retried launch resumes from the state its processes saved
+        what = repr((policy.digest, rollouts_digest, iteration, epsilon, self.optimizer_state, self.config))
+        state = train_state_root() / f"rl-{hashlib.sha256(what.encode()).hexdigest()[:24]}"
         done = rl_compute(self.store, policy, rollouts_digest, self.config, epsilon, self.resources, state,
                           optimizer=self.optimizer_state or "", iteration=iteration)
         self.launched = (PolicyRef.of(done), done["optimizer"])
@@ -120,9 +125,10 @@ class LiveRun:
         from race_core.policy import checkpoint_digest, save_policy
         from race_core.train.optimizer_state import save_optimizer
 
-        if self.launched is not None:  # stored by the launch
-            (self.holds, self.optimizer_state), self.launched = self.launched, None
-            return self.holds, self.optimizer_state
+        if self.launched is not None:  # stored by the launch; its folder here is the engine's copy, removed in turn
+            (self.current, self.optimizer_state), self.launched = self.launched, None
+            self.created.append(checkpoint_cache() / self.current.folder)
+            return self.current, self.optimizer_state
         cache = checkpoint_cache()
         cache.mkdir(parents=True, exist_ok=True)
         staging = cache / f".rl-{uuid.uuid4().hex}"
@@ -142,7 +148,7 @@ class LiveRun:
             shutil.rmtree(staging, ignore_errors=True)
         with tempfile.TemporaryDirectory(prefix="race-optimizer-") as tmp:
             self.optimizer_state = store.put_folder(save_optimizer(self.optimizer, self.model, tmp))
-        self.holds = PolicyRef(digest=digest, folder=folder)
+        self.holds = self.current = PolicyRef(digest=digest, folder=folder)
         return self.holds, self.optimizer_state
 
     # -- the sampler --------------------------------------------------------------------------------
@@ -152,9 +158,12 @@ class LiveRun:
             from race_core.sampling.hf import HFSampler
 
             batch = 32 if purpose == "sample" else 64  # as the sample and evaluate stages batch their own
-            if self.model is not None and self.holds is not None and self.holds.digest != policy.digest:
-                model, tokenizer = policy.load(self.store, self.resources)  # another policy of the run's (resumed)
-                return HFSampler(model, tokenizer, batch_size=batch)
+            if policy.digest != self.current.digest:  # another policy of the run's (an evaluation of an earlier one)
+                if self.other is None or self.other[0] != policy.digest:
+                    model, tokenizer = policy.load(self.store, self.resources)
+                    self.other = (policy.digest, HFSampler(model, tokenizer, batch_size=batch))
+                return self.other[1]
+            self.other = None
             self._trainer(policy)
             return HFSampler(self.model, self.tokenizer, renderer=self.renderer, batch_size=batch)
         if self.engine is None or self.engine_holds.digest != policy.digest:  # the process's engine, this policy in it
@@ -197,7 +206,7 @@ class LiveRun:
             from race_core.sampling.shared import release_shared
 
             release_shared()
-        self.engine = self.engine_holds = None
+        self.engine = self.engine_holds = self.other = None
         self.close_trainer()
 
 
@@ -213,6 +222,9 @@ class _LazySampler:
             live.renderer = Renderer(load_tokenizer(live.start.local_path(live.store)))
         self.renderer = live.renderer
         self.name = live.config.sampler
+        self.real = None
 
     def sample(self, prompts, params):
-        return self.live.sampler(self.policy, self.purpose).sample(prompts, params)
+        if self.real is None:  # asked for once: a stage calls this at every turn
+            self.real = self.live.sampler(self.policy, self.purpose)
+        return self.real.sample(prompts, params)

@@ -50,7 +50,9 @@ logger = logging.getLogger(__name__)
 ITERATION_STAGE = "rl-iteration"
 RESUME_STAGE = "rl-resume"
 RUN_ONLY = ("iterations", "eval_every", "keep_every")  # fields that do not change what an iteration computes
-FAULT_ENV = "RACE_RL_FAULT"  # tests only: "I" raises right after iteration I's update, before anything is saved
+# tests only: "I" raises right after iteration I's update, before anything is saved; "I:saved" after its
+# state is written, before its record is committed
+FAULT_ENV = "RACE_RL_FAULT"
 
 
 class InjectedFault(RuntimeError):
@@ -144,21 +146,28 @@ def _iterate(store: ArtifactStore, scope: str, live: LiveRun, start: PolicyRef, 
     from tasks.units import commit_record, unit_provenance
 
     records = [] if force else committed_iterations(store, scope, config.iterations)
-    state = store.read_record(resume_record(scope)) if records else None
+    state = _resume_state(store, scope, len(records)) if records else None
     usable = state is not None and state.get("iteration") == len(records) - 1 and store.manifest_damage(state) is None
     done = len(records) == config.iterations and "checkpoint" in (records[-1]["objects"] if records else {})
+    # a longer run of this scope went on past the iterations asked for: its state is left as it is
+    replay = state is not None and state.get("iteration", -1) >= len(records)
     current = start
     if done and not usable:  # every iteration asked for is committed (a longer run went on from the last)
         current = PolicyRef(digest=records[-1]["policy_digest"], folder=records[-1]["objects"]["checkpoint"])
         state = None
     elif records and not usable:
-        logger.warning(f"rl: {len(records)} iteration(s) committed but the state after the last is gone; "
-                       "starting the run again from its first policy")
+        if replay:
+            logger.info(f"rl: a longer run went on past iteration {len(records)} without keeping its policy; "
+                        f"playing its first {len(records)} iteration(s) again, its records and state left as they are")
+        else:
+            logger.warning(f"rl: {len(records)} iteration(s) committed but the state after the last is gone; "
+                           "starting the run again from its first policy")
         records, state = [], None
     if state is not None:
         current = PolicyRef(digest=state["policy_digest"], folder=state["objects"]["checkpoint"])
-        live.restore(current, state["objects"]["optimizer"])
-        logger.info(f"rl: resuming after iteration {len(records)} of {config.iterations}")
+        if len(records) < config.iterations:
+            live.restore(current, state["objects"]["optimizer"])
+            logger.info(f"rl: resuming after iteration {len(records)} of {config.iterations}")
     evaluations = _evaluations(store, live, records, start, current, config, evaluate, resources)
     here = executor_name(resources) == "local"  # else the sample chunks go to the pool's or Ray's workers
     began, resumed_at = time.perf_counter(), len(records)
@@ -180,7 +189,10 @@ def _iterate(store: ArtifactStore, scope: str, live: LiveRun, start: PolicyRef, 
         previous = state
         state = {"iteration": i, "policy_digest": new.digest,
                  "objects": {"checkpoint": new.folder, "optimizer": optimizer}}
-        store.write_record(resume_record(scope), state)
+        if not replay:  # the state before it stays inside it until the iteration's record is committed
+            store.write_record(resume_record(scope), {**state, "before": _bare(previous)}, overwrite=True)
+        if os.environ.get(FAULT_ENV) == f"{i}:saved":
+            raise InjectedFault(f"{FAULT_ENV}={i}:saved: stopped before iteration {i}'s record was committed")
         save_s = time.perf_counter() - at
         phases = {**live.phases, "sample": round(sample_s - live.phases.get("engine_start", 0.0)
                                                  - live.phases.get("weight_load", 0.0), 3),
@@ -208,8 +220,7 @@ def _iterate(store: ArtifactStore, scope: str, live: LiveRun, start: PolicyRef, 
         if on_progress is not None:
             on_progress(RunProgress(i + 1, config.iterations, (time.perf_counter() - began) * (i + 1) / (i + 1 - resumed_at),
                                     f"{report['success_rate']:.0%} of the rollouts won, loss {report['loss']:.4f}"))
-    final = PolicyRef(digest=records[-1]["policy_digest"], folder=records[-1]["objects"]["checkpoint"]) \
-        if records else start
+    final = current  # the last iteration's policy (its checkpoint kept by the record or the resume state)
     return {"objects": {"checkpoint": final.folder} if final.folder else {}, "policy_digest": final.digest,
             "metrics": {"iterations": [r["metrics"] for r in records], "evaluations": evaluations,
                         "scope": scope, "engine_starts": live.engine_starts, **_totals(records)}}
@@ -268,6 +279,21 @@ def _totals(records: list[dict[str, Any]]) -> dict[str, Any]:
     last = records[-1]["metrics"]
     return {k: last[k] for k in ("loss", "actor_loss", "closure_loss", "masked_tokens", "closure_terms", "policy_tokens",
                                  "total_turns", "success_rate", "processes", "step_losses", "grad_norms") if k in last}
+
+
+def _resume_state(store: ArtifactStore, scope: str, committed: int) -> dict[str, Any] | None:
+    """The state a run resumes from after its `committed` iterations: the resume record, or the state
+    it carries from before, where the run stopped between writing the one and committing the last
+    iteration's record (which it then plays again)."""
+    state = store.read_record(resume_record(scope))
+    before = (state or {}).get("before")
+    if state is not None and state.get("iteration") == committed and before and before.get("iteration") == committed - 1:
+        return before
+    return state
+
+
+def _bare(state: dict[str, Any] | None) -> dict[str, Any] | None:
+    return None if state is None else {k: v for k, v in state.items() if k != "before"}
 
 
 def _discard(store: ArtifactStore, previous: dict[str, Any], records: list[dict[str, Any]]) -> None:

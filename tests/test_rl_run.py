@@ -28,7 +28,9 @@ STEPS_PER_ITERATION = CONFIG.epochs * (CONFIG.tasks_per_iteration * CONFIG.group
 
 @pytest.fixture(scope="module")
 def runs(smoke_policy, tmp_path_factory):
-    """The same run twice: uninterrupted, and stopped right after iteration 1's update then run again."""
+    """The same run twice: uninterrupted, and stopped twice then run again: after iteration 1's state
+    was written but before its record was committed, then (resumed from the state before it) right
+    after iteration 1's update."""
     from tasks.rl_run import FAULT_ENV, InjectedFault, rl_run
     from tasks.training_stages import PolicyRef
 
@@ -39,9 +41,10 @@ def runs(smoke_policy, tmp_path_factory):
             store = ArtifactStore(str(tmp_path_factory.mktemp(f"rl-{name}")))
             policy = PolicyRef.local(smoke_policy)
             if name == "resumed":
-                patch.setenv(FAULT_ENV, "1")
-                with pytest.raises(InjectedFault):
-                    rl_run(store, policy, CONFIG, EPSILON, EVAL, Resources())
+                for fault in ("1:saved", "1"):
+                    patch.setenv(FAULT_ENV, fault)
+                    with pytest.raises(InjectedFault):
+                        rl_run(store, policy, CONFIG, EPSILON, EVAL, Resources())
                 patch.delenv(FAULT_ENV)
             out[name] = (store, rl_run(store, policy, CONFIG, EPSILON, EVAL, Resources()))
         yield out
@@ -111,6 +114,22 @@ def test_a_finished_run_is_not_run_again_and_more_iterations_continue_it(runs, s
     assert [m["seconds"] for m in longer["metrics"]["iterations"][:CONFIG.iterations]] == [
         m["seconds"] for m in manifest["metrics"]["iterations"]]  # the records read, not run again
     assert len(longer["metrics"]["iterations"]) == CONFIG.iterations + 1
+    # a yet longer run stopped after committing an iteration whose checkpoint it did not keep (not its
+    # last): asking for exactly the iterations committed gives the policy of the state after them
+    from tasks.rl_run import FAULT_ENV, InjectedFault
+
+    n = CONFIG.iterations + 2
+    monkeypatch.setenv(FAULT_ENV, str(n))
+    with pytest.raises(InjectedFault):
+        rl_run(store, policy, replace(CONFIG, iterations=n + 1), EPSILON, EVAL, Resources())
+    monkeypatch.delenv(FAULT_ENV)
+    scope = manifest["metrics"]["scope"]
+    state = store.read_record(f"stages/rl-resume/{scope}.json")
+    assert state["iteration"] == n - 1
+    assert "checkpoint" not in store.read_record(f"stages/rl-iteration/{scope}-{n - 1}.json")["objects"]
+    asked = rl_run(store, policy, replace(CONFIG, iterations=n), EPSILON, EVAL, Resources())
+    assert asked["policy_digest"] == state["policy_digest"] and asked["objects"]["checkpoint"] == state["objects"]["checkpoint"]
+    assert _chain(asked)[:CONFIG.iterations + 1] == _chain(longer)
 
 
 def test_the_evaluations_figures_are_the_stored_episodes(runs):
@@ -154,4 +173,31 @@ def test_each_iteration_records_its_phases_and_what_the_skipped_rows_saved(runs)
         for r in rollouts:
             groups.setdefault(r.group, []).append(r.reward)
         alike = sum(len(g) for g in groups.values() if len(set(g)) == 1)
-        assert metrics["skipped_rows"] == alike * CONFIG.epochs  # counted at every pass
+        assert metrics["skipped_rows"] == alike  # each row once, whatever the epochs
+
+
+def test_race_bench_rl_writes_each_phase_the_baseline_and_the_precision_check(smoke_policy, tmp_path, monkeypatch):
+    """`race bench rl` on the SMOKE policy (transformers sampling): the record names the CPU, every
+    iteration's phases and the evaluation, the rebuilt-every-iteration baseline with its ratios, and
+    bf16 against float32 on the first rollouts."""
+    import json
+
+    from flows.cli import main
+
+    monkeypatch.setenv("RACE_CHECKPOINT_CACHE", str(tmp_path / "checkpoints"))
+    out = tmp_path / "bench-rl.json"
+    assert main(["bench", "rl", "--checkpoint", str(smoke_policy), "--env", "calculator", "--iterations", "2",
+                 "--tasks", "2", "--group", "2", "--eval-tasks", "2", "--sampler", "hf", "--max-new-tokens", "32",
+                 "--max-turns", "3", "--compare", "--precision", "--json", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert record["cpu"]["model"] and isinstance(record["fast_bf16"], bool)
+    for run in (record, record["before"]):
+        assert [r["iteration"] for r in run["iterations"]] == [1, 2]
+        for row in run["iterations"]:
+            assert {"sample", "policy_forward_backward", "optimizer", "checkpoint_write"} <= set(row["phases"])
+            assert row["seconds"] >= sum(v for k, v in row["phases"].items() if k != "sample") * 0.99
+        assert run["evaluation"]["episodes"] == 2 and run["evaluation"]["seconds"] > 0
+    assert record["speedup"]["iteration_after_the_first"] > 0 and record["speedup"]["evaluation"] > 0
+    precision = record["precision"]
+    assert -1.0 <= precision["gradient_cosine"] <= 1.0 and precision["loss_relative_difference"] >= 0
+    assert precision["no"]["seconds"] > 0 and precision["bf16"]["seconds"] > 0

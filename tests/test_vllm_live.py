@@ -64,11 +64,13 @@ def test_weights_loaded_into_a_live_engine_score_as_a_fresh_engine_on_them(two_p
     other_shape = Path(shutil.copytree(a, tmp_path / "deeper"))
     config = json.loads((other_shape / "config.json").read_text())
     (other_shape / "config.json").write_text(json.dumps({**config, "num_hidden_layers": config["num_hidden_layers"] + 1}))
-    live = _engine(a)
+    built_from = shutil.copytree(a, tmp_path / "built-from")  # an RL run's policy, removed once superseded
+    live = _engine(built_from)
     try:
         on_a = _prompt_logprobs(live)
         live.load_weights(b)
         live_b = _prompt_logprobs(live)
+        shutil.rmtree(built_from)  # the engine checks later weights against what it read when built
         live.load_weights(a)
         back_to_a = _prompt_logprobs(live)
         with pytest.raises(ValueError, match="its architecture differs"):

@@ -43,7 +43,8 @@ class UpdateSteps:
         self.forwarded = torch.zeros(rows, dtype=torch.bool)
         self._closure_seen = torch.zeros(len(batch.closure_turns), dtype=torch.bool)
         self.trainer_old = False  # logp_old from the trainer at the step (one step: logp_new detached)
-        self.trained_tokens = self.skipped_tokens = self.skipped_rows = 0
+        self.trained_tokens = self.skipped_tokens = 0  # token passes (an epoch counts a row again)
+        self.skipped: set[int] = set()  # the rows left out of the backward, each counted once
         self.gap: tuple[float, float, int] | None = None  # |sampler − trainer| over policy tokens: max, sum, count
 
     def _active(self, rows: Sequence[int]) -> list[int]:
@@ -89,7 +90,7 @@ class UpdateSteps:
             return self._launched_step(list(rows), part, policy_tokens, total_turns)
         active = [k for k, r in enumerate(rows) if not self.skip_idle_rows or float(self.batch.advantages[r]) != 0.0]
         idle = [k for k in range(len(rows)) if k not in set(active)]
-        self.skipped_rows += len(idle)
+        self.skipped.update(rows[k] for k in idle)
         self.skipped_tokens += int(part.attention_mask[idle].sum()) if idle else 0
         micro = self.config.micro_batch or max(len(active), 1)
         total, ran = 0.0, False
@@ -167,7 +168,7 @@ class UpdateSteps:
                 self.logged_closure[term] = float(closure[k].detach())
 
     def counts(self) -> dict[str, float]:
-        counts: dict[str, float] = {"trained_tokens": self.trained_tokens, "skipped_rows": self.skipped_rows,
+        counts: dict[str, float] = {"trained_tokens": self.trained_tokens, "skipped_rows": len(self.skipped),
                                     "skipped_tokens": self.skipped_tokens}
         spent = self.timer.seconds.get("policy_forward_backward", 0.0)
         if self.trained_tokens:  # what the skipped rows would have cost at the rate the trained ones ran
