@@ -60,6 +60,11 @@ def _rows(kind: str) -> list[dict]:
         return [compressed_row(t, [0], 10, 4, MODEL, 1e-3) for t in TRAJECTORIES[:-1]] + [
             compressed_row(TRAJECTORIES[-1], [], 0, 0, MODEL, 1e-3)
         ]
+    if kind == "episodes":  # played episodes: a trajectory's columns and what the player recorded per turn
+        return [{**trajectory_row(t), "task_id": t.id, "sample_index": i, "reward": float(t.successful) - 0.5 * i,
+                 "finished": i != 1, "well_formed": [i != 2] * len(t.turns), "reasoning_tokens": [i] * len(t.turns),
+                 "generated_tokens": 2**40 + i, "policy_digest": MODEL if i else UNICODE}
+                for i, t in enumerate(TRAJECTORIES)]
     if kind == "rejects":
         return [
             Reject("in.jsonl", 1, "not_json", "<line>", UNICODE).to_dict(),

@@ -293,7 +293,7 @@ from tasks.training_stages import PolicyRef
 logging.basicConfig(format="%(message)s")
 logging.getLogger("tasks").setLevel(logging.INFO)
 manifest = training_stages.sample(ArtifactStore(sys.argv[1]), PolicyRef.local(sys.argv[2]), RLConfig(**json.loads(sys.argv[3])),
-                                  Resources(pool="race-gpu", lease_timeout=20), 0)
+                                  Resources(pool="race-gpu", lease_timeout=240), 0)
 print(json.dumps(manifest["objects"]))
 """
 
