@@ -224,6 +224,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def cmd_bench_rl(args: argparse.Namespace) -> int:
     from race_core.policy import check_checkpoint_dir
 
+    if args.iterations < 1:
+        raise ValueError(f"--iterations {args.iterations}: the bench runs at least one iteration")
+
     def write(report: dict[str, Any]) -> None:
         if args.json:
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -614,11 +614,16 @@ def _with_retries(url: str, options: dict[str, Any]) -> dict[str, Any]:
 
 
 def _referenced(record: Any) -> list[str]:
-    """Digests a record references through its `objects` dict (values: digest or list of digests)."""
+    """Digests a record references through its `objects` dict (values: digest or list of digests), and
+    through the `objects` of the state a record carries from `before` it (an RL run's resume record
+    between writing a state and committing its iteration, `tasks.rl_run`)."""
     out: list[str] = []
     objects = record.get("objects") if isinstance(record, dict) else None
     if isinstance(objects, dict):
         for value in objects.values():
             values = value if isinstance(value, list) else [value]
             out.extend(check_digest(v) for v in values if v is not None)
+    before = record.get("before") if isinstance(record, dict) else None
+    if isinstance(before, dict):
+        out.extend(_referenced(before))
     return out

@@ -109,7 +109,8 @@ class LiveRun:
         from tasks.training_runs import rl_compute, train_state_root
 
         # named by what the launch computes: a retried launch resumes from the state its processes saved
-        what = repr((policy.digest, rollouts_digest, iteration, epsilon, self.optimizer_state, self.config))
+        what = repr((policy.digest, rollouts_digest, iteration, epsilon, self.optimizer_state, self.config,
+                     self.resources))
         state = train_state_root() / f"rl-{hashlib.sha256(what.encode()).hexdigest()[:24]}"
         done = rl_compute(self.store, policy, rollouts_digest, self.config, epsilon, self.resources, state,
                           optimizer=self.optimizer_state or "", iteration=iteration)
@@ -127,7 +128,8 @@ class LiveRun:
 
         if self.launched is not None:  # stored by the launch; its folder here is the engine's copy, removed in turn
             (self.current, self.optimizer_state), self.launched = self.launched, None
-            self.created.append(checkpoint_cache() / self.current.folder)
+            if not (checkpoint_cache() / self.current.folder).exists():  # not another run's or stage's copy
+                self.created.append(checkpoint_cache() / self.current.folder)
             return self.current, self.optimizer_state
         cache = checkpoint_cache()
         cache.mkdir(parents=True, exist_ok=True)

@@ -205,6 +205,8 @@ def _iterate(store: ArtifactStore, scope: str, live: LiveRun, start: PolicyRef, 
                   "metrics": metrics, **unit_provenance(resources.device)}
         commit_record(store, iteration_record(scope, i), record, force=force)
         records.append(record)
+        if not replay and previous is not None:  # committed: the state before is no longer needed
+            store.write_record(resume_record(scope), state, overwrite=True)
         if previous is not None:
             _discard(store, previous, records)
         live.forget(current)
@@ -287,7 +289,8 @@ def _resume_state(store: ArtifactStore, scope: str, committed: int) -> dict[str,
     iteration's record (which it then plays again)."""
     state = store.read_record(resume_record(scope))
     before = (state or {}).get("before")
-    if state is not None and state.get("iteration") == committed and before and before.get("iteration") == committed - 1:
+    if (state is not None and state.get("iteration") == committed and before and before.get("iteration") == committed - 1
+            and store.read_record(iteration_record(scope, committed)) is None):  # (else: a longer run's state)
         return before
     return state
 

@@ -130,6 +130,16 @@ def test_a_finished_run_is_not_run_again_and_more_iterations_continue_it(runs, s
     asked = rl_run(store, policy, replace(CONFIG, iterations=n), EPSILON, EVAL, Resources())
     assert asked["policy_digest"] == state["policy_digest"] and asked["objects"]["checkpoint"] == state["objects"]["checkpoint"]
     assert _chain(asked)[:CONFIG.iterations + 1] == _chain(longer)
+    # that run finished; asking again for the iterations before its last (another eval_every: not cached)
+    # plays them again and leaves the longer run's state as it is
+    finished = rl_run(store, policy, replace(CONFIG, iterations=n + 1), EPSILON, EVAL, Resources())
+    state = store.read_record(f"stages/rl-resume/{scope}.json")
+    assert state["iteration"] == n and "before" not in state  # the iteration committed, the state before gone
+    shorter = rl_run(store, policy, replace(CONFIG, iterations=n, eval_every=n), EPSILON, EVAL, Resources())
+    assert not shorter["cached"] and shorter["policy_digest"] == asked["policy_digest"]
+    assert store.read_record(f"stages/rl-resume/{scope}.json") == state
+    assert store.manifest_damage(state) is None  # its objects were not discarded by the shorter run
+    assert _chain(finished)[:n] == _chain(shorter)
 
 
 def test_the_evaluations_figures_are_the_stored_episodes(runs):
