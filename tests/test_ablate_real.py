@@ -70,10 +70,10 @@ def test_the_whole_loop_runs_on_a_real_instruct_model_in_the_multi_turn_world(pr
     assert len(inputs) == 6 and all(len(t.turns) >= 4 for t in inputs)
     path = tmp_path / "inputs.jsonl"
     path.write_text("".join(json.dumps(t.to_dict()) + "\n" for t in inputs))
-    turns, tokens, held_out = 6, 40, 2  # a turn played costs a decode step per token of its longest episode
+    turns, tokens, held_out = 6, 32, 2  # a turn played costs a decode step per token of its longest episode
     config = PipelineConfig(
         checkpoint=str(smollm2_checkpoint), inputs=(str(path),), cover=CoverConfig(epsilon=0.1),
-        sft=SFTConfig(steps=2, batch_size=2, lr=5e-5, max_length=1024),
+        sft=SFTConfig(steps=1, batch_size=2, lr=5e-5, max_length=1024),
         rl=RLConfig(env="lookup", shape="random", iterations=1, tasks_per_iteration=1, group_size=2, max_turns=turns,
                     max_new_tokens=tokens, lr=1e-5, sampler="vllm"),
         evaluate=EvalConfig(env="lookup", shape="random", tasks=held_out, max_turns=turns, max_new_tokens=tokens,
