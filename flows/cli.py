@@ -26,6 +26,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -235,6 +236,8 @@ def console_lines(command: str) -> Iterator[None]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "bench":
+        _exit_on_sigterm()
     try:
         with console_lines(args.command):
             return int(args.func(args) or 0)
@@ -243,6 +246,14 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"race {args.command}: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _exit_on_sigterm() -> None:
+    """A SIGTERM ends the process as Ctrl-C would: its `finally` blocks and atexit handlers run, so the
+    vLLM engine processes a bench started are shut down with it instead of left running (the default
+    action kills this process alone). Only where nothing else handles the signal."""
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
 
 
 def cmd_validate(args) -> int:

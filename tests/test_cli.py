@@ -103,3 +103,24 @@ def test_each_command_shows_only_the_options_its_stages_read():
     assert all(flag in cover and flag in run for flag in others)
     with pytest.raises(SystemExit):
         parser.parse_args(["cover", "--out", "o", "--train-processes", "2"])
+
+
+def test_a_bench_stopped_by_sigterm_runs_its_exit_handlers():
+    """`race bench` turns SIGTERM into an exit (`flows.cli._exit_on_sigterm`): atexit handlers run, which
+    is how a vLLM engine shuts down the processes it started (killed with the default action, a bench
+    left its EngineCore and Worker running, reparented to init). The handler here stands in for vLLM's."""
+    import signal
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import atexit, sys, time\n"
+        "from flows.cli import _exit_on_sigterm\n"
+        "_exit_on_sigterm()\n"
+        "atexit.register(lambda: print('shut down', flush=True))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(120)\n")], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "ready"
+    child.send_signal(signal.SIGTERM)
+    out, _ = child.communicate(timeout=60)
+    assert child.returncode == 128 + signal.SIGTERM and out.strip() == "shut down"
