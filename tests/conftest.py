@@ -26,6 +26,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RACE_RETRY_DELAY_S", "0")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+# vLLM-CPU engines in the test's own process (no EngineCore and Worker processes, each of which imports
+# torch and vLLM again), their OpenMP threads left unbound (the default binds them to core 0 in every
+# test worker at once): a tiny engine builds in 8 s instead of 25 and shuts down in 1.5 s instead of
+# 5 (its worker waits out a 5 s grace period). The `race` processes a test starts inherit it;
+# tests/test_vllm_run.py keeps vLLM's default, the engine in processes of its own, for its runs.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
 
 def pytest_configure(config):

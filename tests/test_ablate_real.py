@@ -66,14 +66,14 @@ def test_the_whole_loop_runs_on_a_real_instruct_model_in_the_multi_turn_world(pr
 
     lookup = get_environment("lookup")
     agent = AgentPrompt.for_renderer(Renderer(load_tokenizer(smollm2_checkpoint)), lookup)
-    inputs = [agent.dress(t) for t in lookup.expert_dataset(6, seed=7, reasoning_kinds=True)]
-    assert len(inputs) == 6 and all(len(t.turns) >= 4 for t in inputs)
+    inputs = [agent.dress(t) for t in lookup.expert_dataset(4, seed=7, reasoning_kinds=True)]
+    assert len(inputs) == 4 and all(len(t.turns) >= 4 for t in inputs)
     path = tmp_path / "inputs.jsonl"
     path.write_text("".join(json.dumps(t.to_dict()) + "\n" for t in inputs))
     turns, tokens, held_out = 6, 32, 2  # a turn played costs a decode step per token of its longest episode
     config = PipelineConfig(
         checkpoint=str(smollm2_checkpoint), inputs=(str(path),), cover=CoverConfig(epsilon=0.1),
-        sft=SFTConfig(steps=1, batch_size=2, lr=5e-5, max_length=1024),
+        sft=SFTConfig(steps=1, batch_size=2, lr=5e-5, max_length=512),  # an episode is ~1,800 tokens: its start
         rl=RLConfig(env="lookup", shape="random", iterations=1, tasks_per_iteration=1, group_size=2, max_turns=turns,
                     max_new_tokens=tokens, lr=1e-5, sampler="vllm"),
         evaluate=EvalConfig(env="lookup", shape="random", tasks=held_out, max_turns=turns, max_new_tokens=tokens,
@@ -86,7 +86,7 @@ def test_the_whole_loop_runs_on_a_real_instruct_model_in_the_multi_turn_world(pr
     builds = shared_engine_builds()
     bootstrap = AgentBootstrapConfig(env="lookup", shape="random", expert_tasks=24, check_tasks=1, check_samples=2,
                                      max_turns=turns, max_new_tokens=tokens,
-                                     sft=SFTConfig(lr=3e-4, steps=2, batch_size=2, warmup_steps=1, max_length=1024))
+                                     sft=SFTConfig(lr=3e-4, steps=2, batch_size=2, warmup_steps=1, max_length=512))
     home, out = tmp_path / "home", tmp_path / "out"
     run = dict(home=str(home), out=str(out), seeds=(0,), config=config, bootstrap=bootstrap, epsilons=(0.03, 0.3),
                arms=("race", "local"), length_penalties=(0.01,), preset="test",
@@ -107,7 +107,7 @@ def test_the_whole_loop_runs_on_a_real_instruct_model_in_the_multi_turn_world(pr
 
     # the cross-turn figure, recounted from the inputs and the two covers' stored removals
     cross = result["cross_turn"]["race"]
-    assert cross["candidates"] == sum(len(candidate_turns(t)) for t in inputs) > 6
+    assert cross["candidates"] == sum(len(candidate_turns(t)) for t in inputs) > 4
     assert cross["candidates"] >= cross["rejected"] >= cross["rejected_by_later"] >= 0
     race, local = (removals(store, result["compressed"][arm]) for arm in ("race", "local"))
     assert cross["candidates"] - cross["rejected"] == sum(map(len, race.values()))

@@ -15,8 +15,11 @@ pytestmark = pytest.mark.vllm
 
 
 def race_run(backend, inputs, checkpoint, store, home, api):
+    # vLLM as a user gets it: the engine in processes of its own, its threads bound (the tests' own
+    # processes run it in-process: tests/conftest.py)
     env = {**os.environ, "PREFECT_HOME": str(home), "VLLM_CPU_KVCACHE_SPACE": os.environ.get(
-        "VLLM_CPU_KVCACHE_SPACE", "1"), "PREFECT_API_URL": api}
+        "VLLM_CPU_KVCACHE_SPACE", "1"), "PREFECT_API_URL": api, "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
+        "VLLM_CPU_OMP_THREADS_BIND": "auto"}
     done = subprocess.run([sys.executable, "-m", "flows.cli", "run", "--input", *inputs, "--checkpoint",
                            str(checkpoint), "--store", str(store), "--backend", backend, "--stages", "ingest",
                            "validate", "cover", "compress", *(["--vllm-eager"] if backend == "vllm" else [])], env=env, capture_output=True, text=True, timeout=900)
