@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from race_core.cpu import cpu_facts, fast_bf16
-from race_core.envs import ENV_NAMES
+from race_core.envs import env_argument, env_help
 
 logger = logging.getLogger(__name__)
 
@@ -200,7 +200,7 @@ def format_rl(report: dict[str, Any]) -> str:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, metavar="DIR", help="the policy (a save_pretrained folder)")
-    p.add_argument("--env", choices=ENV_NAMES, default="lookup")
+    p.add_argument("--env", type=env_argument, default="lookup", metavar="ENV", help=env_help())
     p.add_argument("--iterations", type=int, default=5)
     p.add_argument("--tasks", type=int, default=16, help="tasks per iteration")
     p.add_argument("--group", type=int, default=4, help="rollouts per task")

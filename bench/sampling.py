@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from race_core.cpu import cpu_facts
-from race_core.envs import ENVIRONMENTS, get_environment
+from race_core.envs import env_argument, env_help, get_environment
 from race_core.envs.agent import AgentPrompt
 from race_core.rollout import Rollout, run_rollouts
 from race_core.sampling import SamplingParams, make_sampler
@@ -135,7 +135,7 @@ def format_sampling(report: dict[str, Any]) -> str:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, metavar="DIR", help="a save_pretrained folder (the policy)")
-    p.add_argument("--env", choices=sorted(ENVIRONMENTS), default="lookup")
+    p.add_argument("--env", type=env_argument, default="lookup", metavar="ENV", help=env_help())
     p.add_argument("--tasks", type=int, default=16, help="held-out tasks")
     p.add_argument("--samples", type=int, default=1, help="episodes per task")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (the evaluation's decoding)")

@@ -48,7 +48,7 @@ from race_core.config import (
     field_help,
     replace,
 )
-from race_core.envs import ENV_NAMES
+from race_core.envs import env_argument, env_help
 from race_core.train.checkpoint_bootstrap import RECIPES, AgentBootstrapConfig
 
 DEFAULT_HOME = Path(".race")
@@ -102,8 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "policy; the default without --checkpoint), cpu or gpu (a checkpoint; picked by --device)")
     add_config_options(p, ABLATE_CONFIG, top=("inputs", "checkpoint"),
                        sections=("cover", "resources", "sft", "rl", "evaluate"))
-    p.add_argument("--env", choices=ENV_NAMES, help="the environment the policy plays, RL samples and evaluation "
-                   "draws from: sets --rl-env and --eval-env (default: the preset's)")
+    p.add_argument("--env", type=env_argument, metavar="ENV", help="the environment the policy plays, RL samples and "
+                   f"evaluation draws from ({env_help()}): sets --rl-env and --eval-env (default: the preset's)")
     p.add_argument("--seeds", type=int, nargs="+", help="SFT (and RL) seeds, one run each (default: the preset's)")
     p.add_argument("--input-tasks", type=int,
                    help="training tasks (of the preset's RL task shape) the policy plays for input, 2 episodes each "

@@ -41,6 +41,8 @@ DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16
           "float16": "float16", "fp16": "float16"}
 
 Backend = Literal[BACKENDS]
+# an environment: a name (race's own or an installed plug-in's: the UI's dropdown) or `module:attribute`,
+# resolved when a config is validated (race_core.envs.get_environment)
 Executor = Literal[("", *EXECUTORS)]  # "": pool if a pool is named, else local
 Stage = Literal[STAGES]
 Dtype = Literal[tuple(DTYPES)]  # held canonical: `Resources` turns bf16 into bfloat16
@@ -59,6 +61,31 @@ class Check:
         from pydantic import Field
 
         return handler(Annotated[source, Field(**self.constraints)])
+
+
+class Resolves:
+    """A field whose value `resolve` must accept (a name it looks up): `Annotated[str, Resolves(f)]`.
+    pydantic calls it after the type's own check; what it raises is the field's error."""
+
+    def __init__(self, resolve: Any) -> None:
+        self.resolve = resolve
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> Any:
+        from pydantic_core import PydanticCustomError, core_schema
+
+        def check(value: Any) -> Any:
+            try:
+                self.resolve(value)
+            except ValueError as exc:
+                raise PydanticCustomError("unresolved", "{reason}", {"reason": str(exc)}) from None
+            return value
+
+        return core_schema.no_info_after_validator_function(check, handler(source))
+
+
+# an environment: a name (race's own, or an installed plug-in's: the UI's dropdown) or `module:attribute`
+# of the user's own (race_core.envs.get_environment resolves it when a config is validated)
+EnvName = Annotated[Literal[ENV_NAMES] | str, Resolves(get_environment)]
 
 
 def canonical_dtype(name: str) -> str:
@@ -231,9 +258,9 @@ class RLConfig:
     mini_batch: Annotated[int, Check(ge=0)] = 0  # rollouts per optimizer step, in a seeded order (0: all of them, one step per epoch)
     max_grad_norm: float = 1.0  # gradient clipping (0: off)
     seed: int = 0  # sampling (seed + iteration) and the update
-    env: Literal[ENV_NAMES] = DEFAULT_ENV  # the environment the rollouts play: calculator, or lookup (multi-hop, 5-6 turns)
+    env: EnvName = DEFAULT_ENV  # the environment the rollouts play: calculator, lookup (multi-hop, 5-6 turns), an installed one, or module:attribute
     difficulty: int | None = None  # calculator: operations per task (None: 1-3 at random); lookup: entries (3 or 4)
-    shape: Literal[SHAPES] = "random"  # calculator task shape: random, or two-part (results carried across turns)
+    shape: Literal[SHAPES] | str = "random"  # task shape (the environment's own; calculator: random, or two-part, results carried across turns)
     cover_aware: bool = True  # LoGiC on the successful rollouts: mask removable reasoning and supervise closure (off: plain GRPO)
     mask_reasoning: bool = True  # with cover_aware: the removable reasoning carries no policy gradient (off: the closure term alone)
     epsilon: Annotated[float | None, Check(ge=0, lt=10, allow_inf_nan=False)] = None  # ε of the RL cover (None: the run's cover.epsilon)
@@ -256,8 +283,8 @@ class EvalConfig:
     seed: int = 0  # which held-out tasks
     max_turns: int = DEFAULT_MAX_TURNS  # turn budget of an episode
     max_new_tokens: int = 96  # per assistant turn
-    env: Literal[ENV_NAMES] = DEFAULT_ENV  # the environment the held-out tasks are drawn from: calculator or lookup
-    shape: Literal[SHAPES] = "random"  # calculator held-out task shape: random, or two-part (results carried across turns)
+    env: EnvName = DEFAULT_ENV  # the environment the held-out tasks are drawn from: calculator, lookup, an installed one, or module:attribute
+    shape: Literal[SHAPES] | str = "random"  # held-out task shape (the environment's own; calculator: random, or two-part)
     sampler: Backend = "hf"  # sampling backend: hf (transformers generate) or vllm
 
 
@@ -430,6 +457,8 @@ def _message(error: Any) -> str:
         reason = f"unknown [{value!r}]; known: {choices}" if item else f"{value!r} is not one of {choices}"
     elif error["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
         reason = "no such field"
+    elif error["type"] == "unresolved":  # `Resolves`: the resolver's own words
+        reason = error["ctx"]["reason"]
     else:
         reason = f"{error['msg'][0].lower()}{error['msg'][1:]}, got {value!r}"
     return f"parameter '{where}': {reason}"

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from race_core.config import RL_UPDATE_ONLY, Resources, RLConfig, from_dict
-from race_core.envs.calculator import ENV_REVISION
+from race_core.envs import get_environment
 from race_core.sampling import make_sampler
 from storage import ArtifactStore, stage_key
 from tasks import units
@@ -39,7 +39,7 @@ def sample_keyed(policy: PolicyRef, config: RLConfig, resources: Resources, iter
                   ) -> tuple[dict[str, Any], dict[str, str]]:
     """The sample stage's keyed config and inputs."""
     keyed = {k: v for k, v in _rl_keyed(config, resources, iteration).items() if k not in RL_UPDATE_ONLY}
-    return {**keyed, "env_revision": ENV_REVISION}, {"policy": policy.folder or policy.digest}
+    return {**keyed, "env_revision": get_environment(config.env).revision}, {"policy": policy.folder or policy.digest}
 
 
 def sample_scope(policy: PolicyRef, config: RLConfig, resources: Resources, iteration: int) -> str:

@@ -43,11 +43,17 @@ def _declared_key(stage: str) -> StageKey:
 
 
 def stage_code(stage: str, config: Mapping[str, Any]) -> dict[str, Any]:
-    """The `code` part of `stage`'s key: its source fingerprint and the library versions it runs on."""
+    """The `code` part of `stage`'s key: its source fingerprint and the library versions it runs on, and
+    for a stage that plays an environment not race's own, that environment's source and version."""
+    from race_core.envs import environment_code
+
     names = _declared_key(stage).libraries
     if "vllm" in (config.get("backend"), config.get("sampler")):  # the cover's scorer, a stage's sampler
         names = (*names, "vllm")
-    return {"source": source_fingerprint(stage), "libraries": {name: installed_version(name) for name in names}}
+    code = {"source": source_fingerprint(stage), "libraries": {name: installed_version(name) for name in names}}
+    if isinstance(env := config.get("env"), str) and (environment := environment_code(env)):
+        code["environment"] = environment
+    return code
 
 
 def source_fingerprint(stage: str) -> str:

@@ -13,7 +13,7 @@ import logging
 from typing import Any
 
 from race_core.config import EvalConfig, Resources, RLConfig, SFTConfig
-from race_core.envs.calculator import ENV_REVISION
+from race_core.envs import get_environment
 from storage import ArtifactStore
 from tasks.base import _model_config, _rl_keyed, run_stage
 from tasks.chunks import SampleJob, merge_chunks, sample_keyed, sample_scope  # noqa: F401 - sample_scope: re-exported
@@ -125,7 +125,8 @@ def evaluate(store: ArtifactStore, policy: PolicyRef, config: EvalConfig, resour
         digest = store.put_bytes(json.dumps(summary, sort_keys=True).encode())
         return {"objects": {"report": digest, "episodes": episodes}, "metrics": summary}
 
-    return run_stage(store, "evaluate", _model_config(config, resources, greedy=True, env_revision=ENV_REVISION),
+    return run_stage(store, "evaluate", _model_config(config, resources, greedy=True,
+                                                      env_revision=get_environment(config.env).revision),
                      {}, policy.digest, compute, only_cached, force)
 
 

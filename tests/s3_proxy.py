@@ -15,7 +15,12 @@ from __future__ import annotations
 import http.client
 import os
 import re
+import socket
+import subprocess
+import sys
 import threading
+import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from email.utils import format_datetime, parsedate_to_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -38,21 +44,40 @@ _ISO_TAG = re.compile(rb"<(LastModified|Initiated)>([^<]+)</\1>")
 @contextmanager
 def moto_server(bucket: str = "race-test") -> Iterator[str]:
     """moto's S3 server on 127.0.0.1 with `bucket` created; yields its endpoint URL. Sets the dummy
-    credentials botocore needs in this process's environment for the block."""
+    credentials botocore needs in this process's environment for the block.
+
+    The server is a process of its own (`moto_server`), not moto's in-process thread: that one imports
+    Flask into the test process, and vLLM's in-process engine (tests/conftest.py) scans every module's
+    attributes when it starts, where Flask's `current_app` proxy raises outside an app context."""
     import boto3
-    from moto.server import ThreadedMotoServer
 
     saved = {name: os.environ.get(name) for name in CREDENTIALS}
     os.environ.update(CREDENTIALS)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    endpoint = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        host, port = server.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(endpoint + "/", timeout=2).close()
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"moto_server on port {port} did not answer (exit code {server.poll()})") from None
+                time.sleep(0.2)
         boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=bucket)
         yield endpoint
     finally:
-        server.stop()
+        server.terminate()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)

@@ -157,11 +157,12 @@ BAD_VALUES = [  # (dotted field, value, what the message says after "parameter '
     ("rl.length_penalty", math.inf, "input should be a finite number"),
     ("rl.micro_batch", -1, "input should be greater than or equal to 0"),
     ("rl.sample_chunk", -1, "input should be greater than or equal to 0"),
-    ("rl.env", "chess", "'chess' is not one of \\['calculator', 'lookup'\\]"),
+    ("rl.env", "chess", "unknown environment 'chess': expected one of \\['calculator', 'lookup'\\] or module:attribute"),
     ("rl.sampler", "tgi", "'tgi' is not one of"),
-    ("evaluate.env", "chess", "'chess' is not one of"),
+    ("evaluate.env", "chess", "unknown environment 'chess'"),
+    ("evaluate.env", "tests_nowhere:ENV", "environment 'tests_nowhere:ENV': cannot load 'tests_nowhere:ENV': "
+                                          "ModuleNotFoundError"),
     ("evaluate.sampler", "tgi", "'tgi' is not one of"),
-    ("evaluate.shape", "spiral", "'spiral' is not one of \\['random', 'two-part'\\]"),
     ("stages", ("cover", "bake"), "unknown \\['bake'\\]"),
     ("force", ("scoring",), "unknown \\['scoring'\\]"),
 ]
@@ -193,6 +194,9 @@ def test_checks_that_span_fields_stay_and_several_bad_values_are_named_together(
         replace(good, **{"resources.executor": "pool"}).check()
     with pytest.raises(ValueError, match="parameter 'rl': environment 'lookup': shape must be one of"):
         replace(good, **{"rl.env": "lookup", "rl.shape": "two-part"}).check()
+    with pytest.raises(ValueError, match=r"parameter 'evaluate': environment 'calculator': shape must be one of "
+                                         r"\('random', 'two-part'\), got 'spiral'"):  # an environment owns its shapes
+        replace(good, **{"evaluate.shape": "spiral"}).check()
     with pytest.raises(ValueError, match="parameter 'checkpoint': .* is not a local save_pretrained folder"):
         replace(good, checkpoint=str(tmp_path / "none")).check()
     with pytest.raises(ValueError, match="parameter 'inputs': give at least one"):

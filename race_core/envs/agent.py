@@ -37,7 +37,7 @@ DEFAULT_ENVIRONMENT = "calculator"  # the environment of a prompt that names non
 @dataclass(frozen=True)
 class AgentPrompt:
     """The system prompt, the tools given to the template, the form of actions (`text` or `tools`)
-    and the environment (`race_core.envs.ENVIRONMENTS`) the prompt plays."""
+    and the environment the prompt plays (a name `race_core.envs.get_environment` resolves)."""
 
     system: str = ""
     tools: tuple[dict[str, Any], ...] = ()
@@ -56,9 +56,11 @@ class AgentPrompt:
             from race_core.envs import get_environment
 
             env = get_environment(DEFAULT_ENVIRONMENT)
+        from race_core.envs import environment_key
+
         if renderer.tool_mode == "template":
-            return cls(system=env.system_tools, tools=env.tool_schemas(), actions=TOOLS, environment=env.name)
-        return cls(system=env.system_text, actions=TEXT, environment=env.name)
+            return cls(system=env.system_tools, tools=env.tool_schemas(), actions=TOOLS, environment=environment_key(env))
+        return cls(system=env.system_text, actions=TEXT, environment=environment_key(env))
 
     @classmethod
     def of(cls, tokenizer) -> AgentPrompt:

@@ -88,10 +88,14 @@ class AgentBootstrapConfig:
 
     def key_fields(self) -> dict[str, Any]:
         """The fields the bootstrap stage's key hashes: `env` only when it is not the calculator (the
-        keys of calculator bootstraps stay what they were)."""
+        keys of calculator bootstraps stay what they were), and a plug-in environment's code."""
+        from race_core.envs import environment_code
+
         fields = asdict(self)
         if fields["env"] == DEFAULT_ENV:
             del fields["env"]
+        elif code := environment_code(self.env):  # a plug-in's source and version: its expert writes the data
+            fields["env_code"] = code
         return fields
 
 
