@@ -12,6 +12,7 @@ race gc [--delete]                 list (or remove) unreferenced objects and lit
 race bench scoring [--json FILE]   scoring benchmark: naive vs full-forward vs ours vs the work bound
 race model smollm2                 build SmolLM2-135M-Instruct offline into a local checkpoint folder
 race bootstrap --checkpoint DIR --out DIR2   train any chat checkpoint to play an environment (--env) in its own format
+race env check NAME [--checkpoint DIR]       an environment (a plug-in's: module:attribute) fit to play? one line per problem
 race import --format F --input ... --out FILE.jsonl   agent logs (openai, sharegpt, swe-agent, react, responses, langchain; auto) -> trajectories
 race export --format F --input compressed.parquet --out FILE   compressed trajectories for TRL, LLaMA-Factory, verl
 race train-node --store URL --job DIGEST --machine-rank R      join a training stage that spans several hosts
@@ -153,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from bench.cli import add_bench_parser
     from flows.bootstrap_cli import add_bootstrap_parser
+    from flows.env_cli import add_env_parser
     from flows.export_cli import add_export_parser
     from flows.import_cli import add_import_parser
     from flows.models_cli import add_model_parser
@@ -161,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_parser(sub)
     add_bootstrap_parser(sub)
+    add_env_parser(sub)
     add_model_parser(sub)
     add_import_parser(sub)
     add_export_parser(sub)

@@ -144,3 +144,34 @@ class GuessExpert:
 
 
 GUESS = Guess()
+
+
+class BrokenGuess(Guess):
+    """The game with what a plug-in gets wrong, on purpose (for `race env check`): every task in both
+    splits, an expert whose reasoning `reasoning_kind` reads otherwise, and a judge that raises on a
+    replay."""
+
+    name = "broken-guess"
+
+    def generate_tasks(self, n, seed, difficulty=None, split=None, shape="random"):
+        return super().generate_tasks(n, 0, difficulty, split="train", shape=shape)
+
+    def reasoning_kind(self, reasoning: str) -> str:
+        return "current"
+
+    def episode(self, task, max_turns):
+        episode = super().episode(task, max_turns)
+        if getattr(self, "playing_expert", False):
+            return episode
+        episode.act = lambda text: 1 / 0
+        return episode
+
+    def expert_dataset(self, *args, **kwargs):
+        self.playing_expert = True
+        try:
+            return super().expert_dataset(*args, **kwargs)
+        finally:
+            self.playing_expert = False
+
+
+BROKEN = BrokenGuess()

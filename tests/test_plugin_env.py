@@ -6,6 +6,7 @@ keys covering its source, and the pipeline's stages playing it with a real (tiny
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -132,3 +133,27 @@ def test_the_stages_play_a_plugin_with_a_real_policy(smoke_policy, tmp_path):
     again = training_stages.evaluate(store, policy, EvalConfig(env=REF, tasks=3, max_turns=3, max_new_tokens=24),
                                      Resources())
     assert again["cached"] and again["key"] == evaluated["key"]
+
+
+def test_env_check_passes_a_good_plugin_and_names_each_fault_of_a_broken_one(tiny_checkpoint, capsys):
+    from flows.cli import main
+
+    assert main(["env", "check", REF, "--tasks", "3", "--checkpoint", str(tiny_checkpoint)]) == 0
+    out = capsys.readouterr().out
+    facts = json.loads(out[out.index("{"):])
+    assert facts["ok"] and facts["expert_won"] == "3/3" and facts["tasks"] == {"train": 3, "heldout": 3}
+    assert facts["cover"]["candidates"] >= facts["cover"]["removed"] >= 0 and facts["cover"]["candidates"] > 0
+
+    assert main(["env", "check", "plugin_env:BROKEN", "--tasks", "3"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    problems = [line.split(": ", 1)[1] for line in lines if line.startswith("race env check plugin_env:BROKEN: ")]
+    assert any(p.startswith("no held-out split: 3 question(s) drawn for both") for p in problems)
+    assert any("reasoning_kind reads 'current' from the text the expert labelled 'later'" in p for p in problems)
+    assert any("replaying it raised ZeroDivisionError" in p for p in problems)
+    assert main(["env", "check", "plugin_env:NOPE"]) == 1
+    assert "cannot load 'plugin_env:NOPE'" in capsys.readouterr().out
+    from race_core.envs.check import check_environment
+
+    for own in ("calculator", "lookup"):  # race's own pass the check a plug-in gets
+        found = check_environment(own, tasks=4)
+        assert found.ok and found.facts["expert_won"] == "4/4", found.problems
