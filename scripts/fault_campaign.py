@@ -8,8 +8,8 @@ Usage:
                                                [--command run|cover] [--trajectories 24]
 
 `--command cover` kills `race cover` (ingest, cover, compress; no Prefect, no SFT): seconds per run,
-the size CI runs (tests/test_fault_campaign.py: `--kills 2 --command cover --trajectories 8` on
-the local store, `--kills 1` on S3).
+the size CI runs (tests/test_fault_campaign.py: `--kills 1 --command cover --trajectories 8` on
+the local store and on S3).
 
 What it does (all randomness from --seed):
 1. builds the tiny checkpoint and the demo inputs under WORK/home, and runs the command once,
