@@ -1,6 +1,7 @@
 """The environment seam: what the pipeline asks of an agent environment.
 
-An `Environment` is one object, declared in `race_core.envs.ENVIRONMENTS` and written in one module:
+An `Environment` is one object, found by `race_core.envs.get_environment` (race's own, declared in
+`race_core.envs.ENVIRONMENTS`; an installed plug-in's entry point; or `module:attribute`):
 
 - a seeded task generator with a train / held-out split by hash (`generate_tasks`, `heldout_tasks`):
   a task has a `task_id`, the `question` the agent sees, and whatever private state its judge reads;
@@ -205,7 +206,7 @@ class Episode:
 
 class Environment(ABC):
     """An agent environment (module docstring). Subclasses set the class attributes and implement
-    the abstract methods; one instance of each is declared in `race_core.envs.ENVIRONMENTS`."""
+    the abstract methods; `race_core.envs.get_environment` finds the instance (module docstring)."""
 
     name: str  # what `--env` takes
     environment: str  # the `environment` field of the trajectories played in it
