@@ -61,12 +61,14 @@ def _prompt_tokens(rollouts: Sequence[Rollout]) -> int:
 def run_sampling(checkpoint: str, env: str = "lookup", tasks: int = 16, samples: int = 1, temperature: float = 0.0,
                  max_new_tokens: int = 96, max_turns: int = 8, backends: Sequence[str] = BACKENDS,
                  device: str = "cpu", dtype: str = "float32", batch_size: int = 32, seed: int = 0,
-                 vllm_eager: bool = True) -> dict[str, Any]:
-    """Every backend plays `samples` episodes of each of `tasks` held-out tasks of `env`."""
+                 vllm_eager: bool = True, difficulty: int | None = None, shape: str = "random") -> dict[str, Any]:
+    """Every backend plays `samples` episodes of each of `tasks` held-out tasks of `env` (of its `shape`
+    and `difficulty`)."""
     import torch
 
     environment = get_environment(env)
-    drawn = environment.heldout_tasks(tasks, seed)
+    environment.check(shape, difficulty)
+    drawn = environment.heldout_tasks(tasks, seed, difficulty, shape)
     params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
     runs: list[dict[str, Any]] = []
     played: dict[str, list[Rollout]] = {}
@@ -105,7 +107,8 @@ def run_sampling(checkpoint: str, env: str = "lookup", tasks: int = 16, samples:
         if greedy:
             entry["episodes_as_reference"] = sum(a.token_ids == b.token_ids for a, b in zip(
                 played[reference["backend"]], played[entry["backend"]], strict=True))
-    return {"checkpoint": str(checkpoint), "env": env, "tasks": tasks, "samples": samples, "temperature": temperature,
+    return {"checkpoint": str(checkpoint), "env": env, "difficulty": difficulty, "shape": shape, "tasks": tasks,
+            "samples": samples, "temperature": temperature,
             "max_new_tokens": max_new_tokens, "max_turns": max_turns, "device": device, "dtype": dtype,
             "batch_size": batch_size, "torch_threads": torch.get_num_threads(), "cpu": cpu_facts(),
             "reference": reference["backend"], "runs": runs}
@@ -115,7 +118,9 @@ def format_sampling(report: dict[str, Any]) -> str:
     cpu = report["cpu"]
     ref = report["reference"]
     greedy = report["temperature"] <= 0
-    lines = [f"### {Path(report['checkpoint']).name} playing {report['env']}: {report['tasks']} tasks x "
+    which = "".join(f", {name} {report[name]}" for name in ("shape", "difficulty")
+                    if report.get(name) not in (None, "random"))
+    lines = [f"### {Path(report['checkpoint']).name} playing {report['env']}{which}: {report['tasks']} tasks x "
              f"{report['samples']}, temperature {report['temperature']:g}, {report['max_new_tokens']} new tokens, "
              f"{report['max_turns']} turns, {report['dtype']} on {report['device']}, batch {report['batch_size']}; "
              f"CPU {cpu['model']} ({', '.join(cpu['matrix_extensions']) or 'none'}), {report['torch_threads']} threads",
@@ -137,6 +142,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, metavar="DIR", help="a save_pretrained folder (the policy)")
     p.add_argument("--env", type=env_argument, default="lookup", metavar="ENV", help=env_help())
     p.add_argument("--tasks", type=int, default=16, help="held-out tasks")
+    p.add_argument("--difficulty", type=int, default=None,
+                   help="the held-out tasks' difficulty (the environment's: lookup entries, cooking ingredients)")
+    p.add_argument("--shape", default="random", help="the held-out tasks' shape (the environment's own)")
     p.add_argument("--samples", type=int, default=1, help="episodes per task")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (the evaluation's decoding)")
     p.add_argument("--max-new-tokens", type=int, default=96)
@@ -157,7 +165,7 @@ def cmd_bench_sampling(args: argparse.Namespace) -> int:
     checkpoint = check_checkpoint_dir(args.checkpoint)
     report = run_sampling(str(checkpoint), args.env, args.tasks, args.samples, args.temperature, args.max_new_tokens,
                           args.max_turns, args.backends, args.device, args.dtype, args.batch_size, args.seed,
-                          args.vllm_eager)
+                          args.vllm_eager, args.difficulty, args.shape)
     print(format_sampling(report))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
