@@ -1,14 +1,13 @@
 """Environments from outside the package (race_core.envs): `--env module:attribute` and the entry point
 group `race.environments`, with the guess-the-number game of tests/plugin_env.py (a module of this
 folder, not of race_core). Resolution and its errors, the config and the CLI taking it, the stage
-keys covering its source, and the pipeline's stages playing it with a real (tiny) policy."""
+keys covering its source, the pipeline's stages playing it with a real (tiny) policy, and `race ablate`
+end to end."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -83,17 +82,6 @@ def test_the_config_takes_a_plugin_and_names_the_bad_field(tiny_checkpoint):
         PipelineConfig(inputs=("x.jsonl",), evaluate=EvalConfig(env=REF, shape="two-part")).check()
 
 
-def test_the_cli_takes_a_reference_and_refuses_what_does_not_load():
-    def ablate_help(env):
-        return subprocess.run([sys.executable, "-m", "flows.cli", "ablate", "--env", env, "--help"], cwd=HERE.parent,
-                              env={"PYTHONPATH": str(HERE), "PATH": "/usr/bin:/bin", "HOME": str(HERE)},
-                              capture_output=True, text=True, timeout=300)
-
-    good, bad = ablate_help(REF), ablate_help("plugin_env:NOPE")
-    assert good.returncode == 0 and "calculator, lookup, scienceworld, textworld-cooking, or module:attribute" in " ".join(good.stdout.split()).replace("- ", "-")  # argparse wraps at hyphens
-    assert bad.returncode == 2 and "argument --env: environment 'plugin_env:NOPE': cannot load" in bad.stderr
-
-
 def test_stage_keys_cover_a_plugins_source_and_not_races_own():
     code = stage_code("sample", {"env": REF, "sampler": "hf"})
     assert code["environment"] == {"source": hashlib.sha256((HERE / "plugin_env.py").read_bytes()).hexdigest(),
@@ -157,3 +145,40 @@ def test_env_check_passes_a_good_plugin_and_names_each_fault_of_a_broken_one(tin
     for own in ("calculator", "lookup"):  # race's own pass the check a plug-in gets
         found = check_environment(own, tasks=4)
         assert found.ok and found.facts["expert_won"] == "4/4", found.problems
+
+
+def test_race_ablate_runs_a_plugin_end_to_end_at_minimal_size(prefect_harness, smoke_policy, tmp_path, installed,
+                                                                capsys):
+    """`race ablate --env plugin_env:GUESS`: inputs the plug-in's expert played, the cover, SFT, one RL run and the
+    held-out evaluation, all in the guess game; the installed name `guess` is the same environment to the CLI, whose
+    help lists it and which refuses a reference that does not load."""
+    from flows.cli import main
+
+    with pytest.raises(SystemExit) as shown:
+        main(["ablate", "--help"])
+    listed = " ".join(capsys.readouterr().out.split()).replace("- ", "-")  # argparse wraps at hyphens
+    assert shown.value.code == 0 and "calculator, lookup, guess, scienceworld, textworld-cooking, or module:attribute" in listed
+    with pytest.raises(SystemExit) as refused:
+        main(["ablate", "--env", "plugin_env:NOPE"])
+    assert refused.value.code == 2
+    assert "argument --env: environment 'plugin_env:NOPE': cannot load" in capsys.readouterr().err
+    from storage.parquet import read_dataset_from_store
+
+    inputs = tmp_path / "guess.jsonl"
+    inputs.write_text("".join(json.dumps(t.to_dict()) + "\n" for t in GUESS.expert_dataset(4, 1, reasoning_kinds=True)))
+    home, out = tmp_path / "home", tmp_path / "out"
+    args = ["ablate", "--home", str(home), "--out", str(out), "--checkpoint", str(smoke_policy), "--recipe", "none",
+            "--input", str(inputs), "--seeds", "0", "--arms", "race", "--rl-seeds", "1", "--rl-arms", "race+rl",
+            "--epsilon", "0.5", "--sft-steps", "1", "--sft-batch-size", "2", "--rl-iterations", "1",
+            "--rl-tasks-per-iteration", "2", "--rl-group-size", "2", "--rl-max-turns", "3", "--rl-max-new-tokens", "16",
+            "--rl-difficulty", "2", "--eval-tasks", "2", "--eval-max-turns", "3", "--eval-max-new-tokens", "16"]
+    assert main([*args, "--env", REF]) == 0
+    written = json.loads((out / "ablation.json").read_text())
+    assert written["run"]["env"] == REF and written["run"]["difficulty"] == 2  # the run says what it played
+    race = next(e for e in written["arms"] if e["arm"] == "race")
+    assert [point["iteration"] for point in race["rl"]["curve"]] == [1]  # the RL run, evaluated after it
+    assert set(written["rl_diagnostics"]) == {"race+rl seed 0"}
+    assert written["training"]["race"]["candidates"] > 0  # the cover ran on the plug-in's trajectories
+    played = read_dataset_from_store(ArtifactStore(str(home / "store")), race["rl"]["episodes_object"], "episodes")
+    assert len(played) == 2 and set(played["environment"]) == {"guess-number-v1"}  # held-out guess games
+    assert get_environment("guess") is get_environment(REF)  # the entry point's name: the same game
