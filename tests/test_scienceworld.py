@@ -164,3 +164,6 @@ def test_the_expert_notes_where_things_are_for_later_and_env_check_passes(scienc
                 later = [n for c in expert.commands[k + 1:] for n in objects_of(c)]
                 assert any(_shown(episode.turns[k - 1].observation if k else task.question, n) for n in later)
     assert notes >= 1
+    from race_core.envs.scienceworld.world import POOL
+
+    assert POOL.started == 1  # every task record, replay and episode of the module on one JVM

@@ -173,12 +173,12 @@ class Simulator:
 
     def load(self, task_type: str, variation: int) -> None:
         self.env.load(task_type, variation, "", generateGoldPath=False)
-        self.loaded, self.holder = (task_type, variation), None
+        self.loaded = (task_type, variation)
 
     def gold(self, task_type: str, variation: int) -> list[str]:
         """The gold path the simulator makes for the variation now (it may differ from one load to the next)."""
         self.env.load(task_type, variation, "", generateGoldPath=True)
-        self.loaded, self.holder = None, None  # its world is at the start, but load() again to be sure
+        self.loaded = None  # its world is at the start, but load() again to be sure
         return [str(command) for command in self.env.server.getGoldActionSequence()]
 
     def step(self, command: str) -> tuple[str, int, bool]:
@@ -195,7 +195,7 @@ class Simulator:
 
     def variations(self, task_type: str) -> dict[str, list[int]]:
         self.env.load(task_type, 0, "")
-        self.loaded, self.holder = None, None
+        self.loaded = None
         return {"train": [int(v) for v in self.env.get_variations_train()],
                 "test": [int(v) for v in self.env.get_variations_test()]}
 
@@ -247,7 +247,9 @@ class SimulatorPool:
             if key in self.held and self.held[key].holder is holder:
                 self.held.move_to_end(key)
                 return self.held[key], False
-            self.held.pop(key, None)
+            if (stale := self.held.pop(key, None)) is not None:  # a holder gone whose id is taken again
+                stale.holder = None
+                self.idle.append(stale)
             if self.idle:
                 simulator = self.idle.pop()
             elif len(self.held) < self.size:
@@ -399,7 +401,6 @@ class ScienceWorldEpisode(BudgetEpisode):
             simulator, fresh = self.pool.acquire(self)
             if fresh:
                 simulator.load(self.task.task_type, self.task.variation)
-                simulator.holder = self
                 for earlier in self.commands:
                     simulator.step(earlier)
             observation, self.score, completed = simulator.step(command)
