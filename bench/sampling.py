@@ -46,6 +46,16 @@ def _episode_figures(rollouts: Sequence[Rollout]) -> dict[str, Any]:
             "reasoning_tokens": sum(r.reasoning_token_count() for r in rollouts)}
 
 
+def _by_group(rollouts: Sequence[Rollout], group_of: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """Episodes, wins and turns per task group (the environment's `task_group`: ScienceWorld's task type)."""
+    groups: dict[str, list[Rollout]] = {}
+    for r in rollouts:
+        groups.setdefault(group_of[r.task_id], []).append(r)
+    return {name: {"episodes": len(rs), "succeeded": sum(r.success for r in rs),
+                   "turns_per_episode": round(sum(len(r.well_formed) for r in rs) / len(rs), 2)}
+            for name, rs in sorted(groups.items())}
+
+
 def _prompt_tokens(rollouts: Sequence[Rollout]) -> int:
     """The tokens the step prompts held: a turn's prompt is everything before its first generated token."""
     total = 0
@@ -94,6 +104,8 @@ def run_sampling(checkpoint: str, env: str = "lookup", tasks: int = 16, samples:
         entry = {"backend": backend, "start_s": start_s, "play_s": play_s, **_episode_figures(rollouts),
                  "prompt_tokens": _prompt_tokens(rollouts)}
         entry["generated_per_s"] = entry["generated_tokens"] / play_s
+        if (task_group := getattr(environment, "task_group", None)) is not None:
+            entry["by_group"] = _by_group(rollouts, {t.task_id: str(task_group(t)) for t in drawn})
         runs.append(entry)
         logger.info(f"{backend}: started in {start_s:.1f} s, played {entry['episodes']} episodes in {play_s:.1f} s "
             f"({entry['generated_tokens']} tokens generated, {entry['generated_per_s']:.1f}/s, "
@@ -135,6 +147,11 @@ def format_sampling(report: dict[str, Any]) -> str:
         if greedy:
             row += f" {e['episodes_as_reference']} / {e['episodes']} |"
         lines.append(row)
+    for e in report["runs"]:
+        if e.get("by_group"):
+            lines += ["", f"{e['backend']}, by task group: " + "; ".join(
+                f"{name} {g['succeeded']} / {g['episodes']} won, {g['turns_per_episode']} turns"
+                for name, g in e["by_group"].items())]
     return "\n".join(lines)
 
 

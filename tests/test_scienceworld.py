@@ -12,6 +12,7 @@ from conftest import shared_dir
 
 from race_core.envs import get_environment
 from race_core.envs.base import CURRENT, EMPTY, LATER, REDUNDANT, heldout_seed
+from race_core.envs.scienceworld.world import SHORT_TASKS as SHORT_TASK_TYPES
 from race_core.schema import ToolCall
 
 
@@ -167,3 +168,15 @@ def test_the_expert_notes_where_things_are_for_later_and_env_check_passes(scienc
     from race_core.envs.scienceworld.world import POOL
 
     assert POOL.started == 1  # every task record, replay and episode of the module on one JVM
+
+
+def test_a_real_policy_plays_held_out_tasks_and_the_bench_reports_them_by_task_type(science, tiny_checkpoint):
+    from bench.sampling import format_sampling, run_sampling
+
+    report = run_sampling(str(tiny_checkpoint), "scienceworld", tasks=2, samples=1, temperature=0.0, max_new_tokens=8,
+                          max_turns=3, backends=("hf",), batch_size=2)
+    run = report["runs"][0]
+    assert run["episodes"] == 2 and 2 <= run["turns"] <= 2 * 30  # within the paper's budget of 30 turns
+    groups = run["by_group"]
+    assert sum(g["episodes"] for g in groups.values()) == 2 and set(groups) <= set(SHORT_TASK_TYPES)
+    assert "hf, by task group: " in format_sampling(report)

@@ -47,6 +47,7 @@ import re
 import shutil
 import tempfile
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -77,6 +78,7 @@ CACHE_VARIABLE = "RACE_SCIENCEWORLD_CACHE"
 SIMULATORS_VARIABLE = "RACE_SCIENCEWORLD_SIMULATORS"
 INSTALL_HINT = ("pip install 'race-pipeline[scienceworld]' and a Java runtime (Debian: apt-get install "
                 "default-jre-headless)")
+PROGRESS_INTERVAL_S = 15.0  # the expert's progress: a log line at most this often
 JVM_BYTES = 1.5 * 2**30  # what one simulator is counted as against the machine's free memory (1.1 GB resident)
 
 TURN_BUDGET = 30  # the paper's: at most 30 turns an episode
@@ -686,13 +688,23 @@ class ScienceWorld(Environment):
     def episode(self, task: ScienceWorldTask, max_turns: int) -> ScienceWorldEpisode:
         return ScienceWorldEpisode(task, max_turns)
 
+    def task_group(self, task: ScienceWorldTask) -> str:
+        """What a report breaks results down by (`race bench sampling`): the task type."""
+        return task.task_type
+
     def expert_dataset(self, n: int, seed: int, difficulty: int | None = None,
                        empty_reasoning_share: float = DEFAULT_EMPTY_REASONING_SHARE,
                        source_revision: str = EXPERT_SOURCE_REVISION, reasoning_kinds: bool = False,
                        shape: str = "random") -> list[Trajectory]:
         rng = random.Random(f"scienceworld-expert:{seed}")
         out = []
-        for task in generate_tasks(n, seed, difficulty, shape=shape):
+        started = last = time.monotonic()
+        tasks = generate_tasks(n, seed, difficulty, shape=shape)
+        for k, task in enumerate(tasks):
+            if time.monotonic() - last >= PROGRESS_INTERVAL_S:  # a task not yet recorded takes seconds of simulator
+                last = time.monotonic()
+                logger.info(f"scienceworld expert: {k} of {len(tasks)} tasks played, {len(out)} won "
+                            f"({last - started:.0f} s)")
             policy = ScienceWorldExpert.for_task(task, rng, empty_reasoning_share)
             episode = self.run_episode(task, policy, len(policy.commands))
             if episode.success:
