@@ -47,6 +47,7 @@ def test_commands_objects_and_kinds_are_read_without_the_simulator():
     from race_core.envs.scienceworld.world import (
         _shown,
         _without_round_trips,
+        filed,
         objects_of,
         reasoning_kind,
         sim_command,
@@ -64,6 +65,16 @@ def test_commands_objects_and_kinds_are_read_without_the_simulator():
                                         "I go to the kitchen.", "The reading: the thermometer measures 3 degrees.",
                                         "That should complete the task: find a(n) animal.")] == [
         EMPTY, LATER, CURRENT, CURRENT, REDUNDANT]
+
+    rule = ("Your task is to measure the temperature of unknown substance B. If the unknown substance B temperature is "
+            "above 50.0 degrees celsius, place it in the green box. If the unknown substance B temperature is below 50.0 "
+            "degrees celsius, place it in the blue box.")
+    move = "move unknown substance B in inventory to green box"
+    assert filed(move, "the thermometer measures a temperature of 49 degrees celsius", rule) == (
+        "move unknown substance B in inventory to blue box", "a temperature of 49 degrees, below 50.0: the blue box")
+    assert filed(move, "the thermometer measures a temperature of 57 degrees celsius", rule)[0] == move
+    assert filed(move, "the thermometer measures a temperature of 50 degrees celsius", rule) == (move, "")  # undecided
+    assert filed(move, "You move to the kitchen.", rule) == (move, "") and filed("look around", "", rule)[1] == ""
 
     # a detour (hallway -> bedroom -> hallway) goes; a door opened in it that a later command goes through stays
     commands = ["open door to bedroom", "go to bedroom", "go to hallway", "open door to kitchen", "go to kitchen",
@@ -156,14 +167,22 @@ def test_the_expert_notes_where_things_are_for_later_and_env_check_passes(scienc
     for task in generate_tasks(2, 3) + generate_tasks(1, 0, shape="use-thermometer"):
         expert = ScienceWorldExpert.for_task(task, random.Random(0))
         episode = science.run_episode(task, expert, len(expert.commands))
-        assert episode.success and len(expert.kinds) == len(expert.commands)
-        assert all(science.reasoning_kind(t.reasoning) == kind for t, kind in zip(episode.turns, expert.kinds,
-                                                                                  strict=True))
+        assert len(expert.kinds) == len(episode.turns) and all(
+            science.reasoning_kind(t.reasoning) == kind for t, kind in zip(episode.turns, expert.kinds, strict=True))
+        if task.task_type == "use-thermometer":  # the box is the one the reading decides, whatever the gold path's
+            k = next(k for k, t in enumerate(episode.turns) if "measures a temperature" in t.observation) + 1
+            assert expert.kinds[k] == CURRENT
+            assert episode.turns[k].reasoning.startswith(("The reading: ", "I read the result: "))
+            decided = episode.turns[k].reasoning.rsplit("the ", 1)[1].rstrip(".")  # "... below 50.0: the blue box."
+            assert episode.turns[k].action.endswith(f"to {decided}]")
+        else:  # the simulator's judge and its thermometer can disagree near the threshold: only these must win
+            assert episode.success
         for k, kind in enumerate(expert.kinds):
             if kind == LATER:  # a thing a later command names, shown now and by nothing in between
                 notes += 1
                 later = [n for c in expert.commands[k + 1:] for n in objects_of(c)]
-                assert any(_shown(episode.turns[k - 1].observation if k else task.question, n) for n in later)
+                assert any(_shown(episode.turns[k - 1].observation if k else task.question, n) for n in later) or \
+                    "box" in episode.turns[k].reasoning
     assert notes >= 1
     from race_core.envs.scienceworld.world import POOL
 

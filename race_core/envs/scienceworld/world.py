@@ -73,7 +73,7 @@ from race_core.schema import Trajectory, Turn
 
 ENVIRONMENT_NAME = "scienceworld-v1"
 ENV_REVISION = "1"
-EXPERT_VERSION = "1"  # of `expert_commands`: a cached expert path of another version is made again
+EXPERT_VERSION = "2"  # of `expert_commands`: a cached expert path of another version is made again
 CACHE_VARIABLE = "RACE_SCIENCEWORLD_CACHE"
 SIMULATORS_VARIABLE = "RACE_SCIENCEWORLD_SIMULATORS"
 INSTALL_HINT = ("pip install 'race-pipeline[scienceworld]' and a Java runtime (Debian: apt-get install "
@@ -421,12 +421,36 @@ class ScienceWorldEpisode(BudgetEpisode):
         self.pool.release(self)
 
 
+_RULE = re.compile(r"If the .+? temperature is above (?P<threshold>-?\d+(?:\.\d+)?) degrees \w+, place it in the "
+                   r"(?P<above>[\w ]+?) box\. If the .+? temperature is below -?\d+(?:\.\d+)? degrees \w+, place it in "
+                   r"the (?P<below>[\w ]+?) box")
+_MEASURED = re.compile(r"measures a temperature of (?P<value>-?\d+(?:\.\d+)?) degrees")
+_TO_BOX = re.compile(r"^(?P<head>move .+ to )(?P<box>[\w ]+?) box$")
+
+
+def filed(command: str, seen: str, task_description: str) -> tuple[str, str]:
+    """`command` with its box chosen by the reading in `seen` where the task files a thing by its
+    temperature (use-thermometer: "above 50.0 ..., the green box; below ..., the blue box"), and the reading
+    with what it decides ("" where nothing is read or decided). The substance's temperature is drawn again
+    at each load, so a recorded gold path's box is right only for the load it was recorded on."""
+    rule, measured, move = _RULE.search(task_description), _MEASURED.search(seen), _TO_BOX.match(command)
+    if not (rule and measured and move):
+        return command, ""
+    value, threshold = float(measured["value"]), float(rule["threshold"])
+    if value == threshold:
+        return command, ""
+    side, box = ("above", rule["above"]) if value > threshold else ("below", rule["below"])
+    return f"{move['head']}{box} box", f"{measured[0].removeprefix('measures ')}, {side} {rule['threshold']}: the {box} box"
+
+
 def play(task: ScienceWorldTask, commands: Sequence[str]) -> tuple[bool, list[str]]:
-    """Whether `commands` win `task` from its start, and their observations (stops at the end)."""
+    """Whether `commands` win `task` from its start, and their observations (stops at the end); a box a
+    thing is filed in by its temperature is chosen by the reading taken (`filed`)."""
     observations: list[str] = []
     with POOL.borrowed() as simulator:
         simulator.load(task.task_type, task.variation)
         for command in commands:
+            command, _ = filed(command, observations[-1] if observations else "", task.task_description)
             observation, score, completed = simulator.step(command)
             observations.append(observation)
             if score >= 100 or score < 0 or completed:
@@ -620,8 +644,12 @@ class ScienceWorldExpert:
             return []
         now = {_words(name) for name in objects_of(self.commands[k])}
         notes: dict[frozenset[str], str] = {}
+        rule = _RULE.search(self.task_description)
         for u in range(k + 1, len(self.commands)):
-            for name in objects_of(self.commands[u]):
+            names = objects_of(self.commands[u])
+            if rule and _TO_BOX.match(self.commands[u]):  # which box the reading will decide: either may be needed
+                names = [*names[:-1], f"{rule['above']} box", f"{rule['below']} box"]
+            for name in names:
                 words = _words(name)
                 if words in now or words in self.noted or words in self.carried or words in notes:
                     continue
@@ -648,8 +676,9 @@ class ScienceWorldExpert:
         k = len(turns)
         if k >= len(self.commands):
             raise RuntimeError(f"the expert's {len(self.commands)} commands did not end the task")
-        command = self.commands[k]
         seen = question[len(self.task_description):] if k == 0 else turns[-1].observation  # not the task's own text
+        command, decided = filed(self.commands[k], seen, self.task_description)
+        self.commands[k] = command  # the box the reading decides, not the recorded gold path's
         room = _ROOM.findall(seen)
         if noted := self._to_note(k, seen):
             reasoning = self.rng.choice(_SEEN_NOTE).format(things=_listed(noted), verb="is" if len(noted) == 1 else "are",
@@ -657,8 +686,8 @@ class ScienceWorldExpert:
             kind = LATER
             if command.startswith("pick up "):
                 self.carried.add(_words(command[len("pick up "):]))
-        elif reading := _READING_TEXT.search(seen):
-            reasoning, kind = self.rng.choice(_READING).format(reading=reading[0]), CURRENT
+        elif decided or (reading := _READING_TEXT.search(seen)):
+            reasoning, kind = self.rng.choice(_READING).format(reading=decided or reading[0]), CURRENT
         elif k == len(self.commands) - 1 and k > 0:
             reasoning, kind = self.rng.choice(_DONE).format(goal=self.goal), REDUNDANT
             if self.rng.random() < self.empty_reasoning_share:
