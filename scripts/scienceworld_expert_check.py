@@ -6,7 +6,8 @@ cleaning and the episode take several seconds of the simulator.)
 
 For each task type of the shape (`random`: the short ones) and each split, the first N variations of the
 package's list (0: all of them): the task's record, the expert's commands (the gold path without its
-noise, replayed), then the expert's episode through the environment; a variation it loses or that raises
+noise, replayed), then the expert's episode through the environment within the task's budget (the paper's
+30 turns); a variation it loses (a path longer than the budget loses) or that raises
 is listed. Records go to the cache (`$RACE_SCIENCEWORLD_CACHE`), so a second run replays only.
 """
 
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     task = task_of(task_type, variation, SPLITS[split])
                     expert = ScienceWorldExpert.for_task(task, random.Random(variation))
-                    episode = SCIENCEWORLD.run_episode(task, expert, len(expert.commands))
+                    episode = SCIENCEWORLD.run_episode(task, expert, task.turn_budget)  # within the paper's 30 turns
                 except Exception as exc:  # a variation that breaks the expert is a finding, not a crash
                     record["failures"].append({"task_type": task_type, "split": split, "variation": variation,
                                                "error": repr(exc)})

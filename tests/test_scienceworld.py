@@ -166,7 +166,7 @@ def test_the_expert_notes_where_things_are_for_later_and_env_check_passes(scienc
     notes = 0
     for task in generate_tasks(2, 3) + generate_tasks(1, 0, shape="use-thermometer"):
         expert = ScienceWorldExpert.for_task(task, random.Random(0))
-        episode = science.run_episode(task, expert, len(expert.commands))
+        episode = science.run_episode(task, expert, task.turn_budget)
         assert len(expert.kinds) == len(episode.turns) and all(
             science.reasoning_kind(t.reasoning) == kind for t, kind in zip(episode.turns, expert.kinds, strict=True))
         if task.task_type == "use-thermometer":  # the box is the one the reading decides, whatever the gold path's
