@@ -140,7 +140,8 @@ def test_the_score_judges_a_wrong_focus_loses_and_the_budget_ends_it(science, dr
 
 
 def test_episodes_share_a_pool_smaller_than_them_and_replay_when_they_get_a_simulator_back(science, drawn):
-    from race_core.envs.scienceworld.world import ScienceWorldEpisode, SimulatorPool, expert_commands
+    from race_core.envs.scienceworld.simulator import SimulatorPool
+    from race_core.envs.scienceworld.world import ScienceWorldEpisode, expert_commands
 
     tasks = drawn[0]
     paths = [expert_commands(task) for task in tasks]
@@ -184,7 +185,7 @@ def test_the_expert_notes_where_things_are_for_later_and_env_check_passes(scienc
                 assert any(_shown(episode.turns[k - 1].observation if k else task.question, n) for n in later) or \
                     "box" in episode.turns[k].reasoning
     assert notes >= 1
-    from race_core.envs.scienceworld.world import POOL
+    from race_core.envs.scienceworld.simulator import POOL
 
     assert POOL.started == 1  # every task record, replay and episode of the module on one JVM
 
